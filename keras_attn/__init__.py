@@ -1,0 +1,31 @@
+"""keras_attn: attention and Transformer layers written once against keras.ops.
+
+They run unchanged on the TensorFlow, JAX and PyTorch backends of Keras 3
+(and on the NumPy backend for inference), chosen by `KERAS_BACKEND`.
+"""
+
+from keras_attn.attention import (
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    scaled_dot_product_attention,
+)
+from keras_attn.layers import (
+    MultiHeadAttention,
+    PositionwiseFeedForward,
+    TransformerDecoderLayer,
+    TransformerEncoderLayer,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MultiHeadAttention",
+    "PositionwiseFeedForward",
+    "TransformerDecoderLayer",
+    "TransformerEncoderLayer",
+    "causal_mask",
+    "combine_masks",
+    "padding_mask",
+    "scaled_dot_product_attention",
+]

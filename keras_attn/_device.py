@@ -1,0 +1,146 @@
+"""The backend boundary: the one module that talks to TF, JAX or torch directly.
+
+The layers never import a backend. Tools that must look at devices or take
+gradients of arbitrary functions (the test suite, the parity runner, the
+benchmarks) come here; each function imports only the active backend, and
+only when called.
+"""
+
+import platform
+
+import keras
+
+__all__ = ["describe", "disable_tf32", "gpu_available", "value_and_grad"]
+
+
+def _backend():
+    return keras.backend.backend()
+
+
+def disable_tf32():
+    """Make float32 matmuls true float32 on GPUs (TF32 off), as Keras's tests do."""
+    name = _backend()
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+    elif name == "torch":
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    elif name == "jax":
+        import jax
+
+        jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def gpu_available():
+    """Whether the active backend sees at least one GPU."""
+    name = _backend()
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        return bool(tf.config.list_physical_devices("GPU"))
+    if name == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    if name == "jax":
+        import jax
+
+        return any(d.platform == "gpu" for d in jax.devices())
+    return False
+
+
+def describe():
+    """A short description of the backend, its version and its device."""
+    name = _backend()
+    device = "cpu (" + (platform.processor() or platform.machine()) + ")"
+    version = ""
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        version = tf.__version__
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            details = tf.config.experimental.get_device_details(gpus[0])
+            device = "gpu (" + details.get("device_name", gpus[0].name) + ")"
+    elif name == "torch":
+        import torch
+
+        version = torch.__version__
+        if torch.cuda.is_available():
+            device = "gpu (" + torch.cuda.get_device_name(0) + ")"
+    elif name == "jax":
+        import jax
+
+        version = jax.__version__
+        first = jax.devices()[0]
+        if first.platform != "cpu":
+            device = first.platform + " (" + first.device_kind + ")"
+    else:
+        import numpy
+
+        version = numpy.__version__
+    return {"backend": name, "backend_version": version, "keras": keras.__version__,
+            "device": device}
+
+
+def value_and_grad(fn, args):
+    """`fn(*args)` (a scalar) and its gradients w.r.t. every arg, as NumPy.
+
+    `args` are NumPy arrays (inputs) or `keras.Variable`s (weights); the
+    gradients come back in the same order. Not available on the NumPy
+    backend, which cannot differentiate.
+    """
+    name = _backend()
+    if name == "jax":
+        import jax
+
+        weights = {i for i, a in enumerate(args) if isinstance(a, keras.Variable)}
+        values = [a.value if i in weights else jax.numpy.asarray(a)
+                  for i, a in enumerate(args)]
+
+        def pure(vs):
+            # Weights are read from the traced values inside a stateless scope.
+            mapping = [(args[i], vs[i]) for i in weights]
+            with keras.StatelessScope(state_mapping=mapping):
+                return fn(*[args[i] if i in weights else v for i, v in enumerate(vs)])
+
+        out, grads = jax.value_and_grad(pure)(values)
+        return float(out), [keras.ops.convert_to_numpy(g) for g in grads]
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        watched = [a if isinstance(a, keras.Variable) else tf.convert_to_tensor(a)
+                   for a in args]
+        targets = [w.value if isinstance(w, keras.Variable) else w for w in watched]
+        with tf.GradientTape() as tape:
+            for target in targets:
+                tape.watch(target)
+            out = fn(*watched)
+        grads = tape.gradient(out, targets)
+        grads = [tf.zeros_like(t) if g is None else g for g, t in zip(grads, targets, strict=False)]
+        return float(out), [keras.ops.convert_to_numpy(g) for g in grads]
+    if name == "torch":
+        import torch
+
+        leaves = []
+        call_args = []
+        for a in args:
+            if isinstance(a, keras.Variable):
+                leaves.append(a.value)
+                call_args.append(a)
+            else:
+                t = torch.tensor(a, requires_grad=True,
+                                 device=keras.ops.convert_to_tensor(0.0).device)
+                leaves.append(t)
+                call_args.append(t)
+        out = fn(*call_args)
+        grads = torch.autograd.grad(out, leaves, allow_unused=True)
+        grads = [torch.zeros_like(leaf) if g is None else g
+                 for g, leaf in zip(grads, leaves, strict=False)]
+        return float(out.detach().cpu()), [g.detach().cpu().numpy() for g in grads]
+    raise RuntimeError(f"the {name} backend cannot compute gradients")
+

@@ -1,0 +1,125 @@
+"""Constructor, sublayer factories and config shared by the encoder and decoder."""
+
+import keras
+
+from keras_attn._validation import check_dropout, check_positive_int
+from keras_attn.layers._common import clone_initializer
+from keras_attn.layers.feed_forward import PositionwiseFeedForward
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
+
+__all__ = ["TransformerLayerBase"]
+
+
+class TransformerLayerBase(keras.layers.Layer):
+    """Constructor, sublayer factories and config of the encoder/decoder.
+
+    Shapes: B batch, T length, D model width (the input's last dim),
+    H `num_heads`, F `intermediate_dim`.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        key_dim=None,
+        dropout=0.0,
+        activation="relu",
+        layer_norm_epsilon=1e-5,
+        normalize_first=False,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
+        self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
+        self.dropout = check_dropout("dropout", dropout)
+        self.activation = keras.activations.get(activation)
+        if not isinstance(layer_norm_epsilon, (int, float)) or layer_norm_epsilon <= 0:
+            raise ValueError(
+                "`layer_norm_epsilon` must be a positive float. "
+                f"Received: layer_norm_epsilon={layer_norm_epsilon!r}"
+            )
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.normalize_first = bool(normalize_first)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def _head_dim(self, model_dim):
+        """`key_dim`, or D // H, which must then divide exactly."""
+        if self.key_dim is not None:
+            return self.key_dim
+        if model_dim % self.num_heads != 0:
+            raise ValueError(
+                f"The model dimension D={model_dim} (the input's last axis) "
+                f"is not divisible by num_heads={self.num_heads}; pass "
+                f"`key_dim` explicitly. Received: model_dim={model_dim}, "
+                f"num_heads={self.num_heads}"
+            )
+        return model_dim // self.num_heads
+
+    def _initializers(self):
+        return {
+            "kernel_initializer": clone_initializer(self.kernel_initializer),
+            "bias_initializer": clone_initializer(self.bias_initializer),
+        }
+
+    def _attention(self, name, model_dim, query_shape, key_shape):
+        layer = MultiHeadAttention(
+            num_heads=self.num_heads,
+            key_dim=self._head_dim(model_dim),
+            output_dim=model_dim,
+            dtype=self.dtype_policy,
+            name=name,
+            **self._initializers(),
+        )
+        layer.build(query_shape, key_shape, key_shape)
+        return layer
+
+    def _norm(self, name, input_shape):
+        layer = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
+        layer.build(input_shape)
+        return layer
+
+    def _dropout(self, name):
+        return keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=name)
+
+    def _feed_forward(self, input_shape):
+        layer = PositionwiseFeedForward(
+            self.intermediate_dim,
+            activation=self.activation,
+            dtype=self.dtype_policy,
+            name="feed_forward",
+            **self._initializers(),
+        )
+        layer.build(input_shape)
+        return layer
+
+    def _residual(self, x, sublayer, norm, dropout, training):
+        """post-LN: norm(x + drop(f(x))); pre-LN: x + drop(f(norm(x)))."""
+        residual = x
+        if self.normalize_first:
+            x = norm(x)
+        x = dropout(sublayer(x), training=training)
+        x = x + residual
+        if not self.normalize_first:
+            x = norm(x)
+        return x
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "num_heads": self.num_heads,
+            "intermediate_dim": self.intermediate_dim,
+            "key_dim": self.key_dim,
+            "dropout": self.dropout,
+            "activation": keras.activations.serialize(self.activation),
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "normalize_first": self.normalize_first,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        })
+        return config

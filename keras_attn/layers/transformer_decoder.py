@@ -1,0 +1,144 @@
+"""Transformer decoder layer (paper Section 3.1), or a decoder-only block."""
+
+import keras
+
+from keras_attn._validation import check_rank
+from keras_attn.attention import combine_masks
+from keras_attn.layers._transformer_base import TransformerLayerBase
+
+__all__ = ["TransformerDecoderLayer"]
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerDecoderLayer(TransformerLayerBase):
+    """Causal self-attention, cross-attention over `memory`, then an FFN.
+
+    Each sublayer has a residual connection, dropout and LayerNorm placed as
+    in `TransformerEncoderLayer` (post-LN by default, pre-LN with
+    `normalize_first=True`). Built without `memory` it is a decoder-only
+    (GPT-style) block: no cross-attention sublayers exist, and calling it
+    with `memory` later raises a `ValueError` (and vice versa).
+
+    Shapes: B batch, T target length, S memory length, D model width,
+    D_m memory width (may differ from D), H `num_heads`.
+
+    Args:
+        Same as `TransformerEncoderLayer`: `num_heads`, `intermediate_dim`,
+        `key_dim`, `dropout`, `activation`, `layer_norm_epsilon`,
+        `normalize_first`, `kernel_initializer`, `bias_initializer`.
+
+    Sublayers: `self_attention`, `self_attention_norm`, `cross_attention`,
+    `cross_attention_norm` (only with memory), `feed_forward`,
+    `feed_forward_norm`, and their dropouts.
+
+    Call arguments:
+        inputs: `(B, T, D)`, the target sequence.
+        memory: `(B, S, D_m)`, the encoder output, or None.
+        padding_mask: bool `(B, T)`, True = real target token.
+        memory_padding_mask: bool `(B, S)`, True = real memory token.
+        attention_mask: bool broadcastable to `(B, T, T)` for
+            self-attention.
+        memory_attention_mask: bool broadcastable to `(B, T, S)` for
+            cross-attention.
+        use_causal_mask: causal self-attention (default True).
+        return_attention_scores: also return the attention weights.
+        training: whether dropout is active.
+        mask, inputs_mask, memory_mask: the Keras masks of `inputs` and
+            `memory`, filled in by Keras; used like the padding masks.
+
+    Returns:
+        `(B, T, D)`. With `return_attention_scores=True`, a tuple
+        `(outputs, self_attention_scores (B, H, T, T),
+        cross_attention_scores (B, H, T, S))`, the last only when the layer
+        has memory.
+    """
+
+    def build(self, inputs_shape, memory_shape=None):
+        inputs_shape = check_rank("inputs", inputs_shape, 3, "(B, T, D)")
+        model_dim = inputs_shape[-1]
+        self.has_memory = memory_shape is not None
+        self.self_attention = self._attention(
+            "self_attention", model_dim, inputs_shape, inputs_shape)
+        self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        if self.has_memory:
+            memory_shape = check_rank("memory", memory_shape, 3, "(B, S, D_m)")
+            self.cross_attention = self._attention(
+                "cross_attention", model_dim, inputs_shape, memory_shape)
+            self.cross_attention_norm = self._norm("cross_attention_norm", inputs_shape)
+            self.cross_attention_dropout = self._dropout("cross_attention_dropout")
+        self.feed_forward = self._feed_forward(inputs_shape)
+        self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
+        self.feed_forward_dropout = self._dropout("feed_forward_dropout")
+        self.built = True
+
+    def _check_memory(self, memory):
+        if self.has_memory and memory is None:
+            raise ValueError(
+                f"Layer '{self.name}' was built with `memory` (encoder-decoder "
+                "cross-attention) and must be called with it. "
+                "Received: memory=None"
+            )
+        if not self.has_memory and memory is not None:
+            raise ValueError(
+                f"Layer '{self.name}' was built without `memory` (a "
+                "decoder-only block with no cross-attention) and cannot be "
+                f"called with it. Received: memory.shape={tuple(memory.shape)}"
+            )
+
+    def call(
+        self,
+        inputs,
+        memory=None,
+        padding_mask=None,
+        memory_padding_mask=None,
+        attention_mask=None,
+        memory_attention_mask=None,
+        use_causal_mask=True,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+        memory_mask=None,
+    ):
+        check_rank("inputs", inputs, 3, "(B, T, D)")
+        self._check_memory(memory)
+        keras_mask = mask if mask is not None else inputs_mask
+        self_key_mask = combine_masks(padding_mask, keras_mask)
+        scores = []
+
+        def attention_sublayer(layer, key, key_mask, attn_mask, causal):
+            def attend(x):
+                result = layer(
+                    x,
+                    key,
+                    attention_mask=attn_mask,
+                    use_causal_mask=causal,
+                    return_attention_scores=return_attention_scores,
+                    training=training,
+                    key_mask=key_mask,
+                )
+                if return_attention_scores:
+                    result, weights = result
+                    scores.append(weights)
+                return result
+            return attend
+
+        x = self._residual(
+            inputs,
+            attention_sublayer(self.self_attention, None, self_key_mask,
+                               attention_mask, use_causal_mask),
+            self.self_attention_norm, self.self_attention_dropout, training)
+        if self.has_memory:
+            memory_key_mask = combine_masks(memory_padding_mask, memory_mask)
+            x = self._residual(
+                x,
+                attention_sublayer(self.cross_attention, memory, memory_key_mask,
+                                   memory_attention_mask, False),
+                self.cross_attention_norm, self.cross_attention_dropout, training)
+        x = self._residual(x, lambda h: self.feed_forward(h, training=training),
+                           self.feed_forward_norm, self.feed_forward_dropout,
+                           training)
+        if return_attention_scores:
+            return (x, *scores)
+        return x

@@ -1,0 +1,109 @@
+"""Transformer encoder layer (paper Section 3.1)."""
+
+import keras
+
+from keras_attn._validation import check_rank
+from keras_attn.attention import combine_masks
+from keras_attn.layers._transformer_base import TransformerLayerBase
+
+__all__ = ["TransformerEncoderLayer"]
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerEncoderLayer(TransformerLayerBase):
+    """Self-attention then a feed-forward network, each residual + LayerNorm.
+
+    post-LN (default, as in the paper):
+        `x = LN1(x + Drop(MHA(x)))`, `x = LN2(x + Drop(FFN(x)))`.
+    pre-LN (`normalize_first=True`):
+        `x = x + Drop(MHA(LN1(x)))`, `x = x + Drop(FFN(LN2(x)))`.
+
+    Shapes: B batch, T length, D model width (the input's last axis),
+    H `num_heads`, F `intermediate_dim`.
+
+    Args:
+        num_heads: H, the number of attention heads.
+        intermediate_dim: F, the hidden width of the feed-forward network.
+        key_dim: width of each attention head. Defaults to D // H, in which
+            case D must be divisible by H.
+        dropout: rate of the dropout on each sublayer's output before the
+            residual sum (training only).
+        activation: activation of the feed-forward network.
+        layer_norm_epsilon: epsilon of both LayerNorms.
+        normalize_first: pre-LN if True, post-LN (paper) if False.
+        kernel_initializer: initializer of every dense kernel.
+        bias_initializer: initializer of every dense bias.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Sublayers: `self_attention` (`keras_attn.MultiHeadAttention`),
+    `self_attention_norm`, `feed_forward` (`PositionwiseFeedForward`),
+    `feed_forward_norm` (`LayerNormalization`), and the dropouts
+    `self_attention_dropout`, `feed_forward_dropout`.
+
+    Call arguments:
+        inputs: `(B, T, D)`.
+        padding_mask: bool `(B, T)`, True = real token. Padded tokens are
+            never attended. Combined with the Keras mask of `inputs` (from
+            `Embedding(mask_zero=True)`, say), which is used the same way.
+        attention_mask: bool, broadcastable to `(B, T, T)`; True = may
+            attend.
+        use_causal_mask: if True, token `i` only attends tokens `j <= i`.
+        return_attention_scores: also return the self-attention weights.
+        training: whether dropout is active.
+        mask, inputs_mask: the Keras mask of `inputs`, filled in by Keras.
+
+    Returns:
+        `(B, T, D)`, and with `return_attention_scores=True` also the
+        weights `(B, H, T, T)`. The output carries the input's Keras mask.
+    """
+
+    def build(self, inputs_shape):
+        inputs_shape = check_rank("inputs", inputs_shape, 3, "(B, T, D)")
+        model_dim = inputs_shape[-1]
+        self.self_attention = self._attention(
+            "self_attention", model_dim, inputs_shape, inputs_shape)
+        self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        self.feed_forward = self._feed_forward(inputs_shape)
+        self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
+        self.feed_forward_dropout = self._dropout("feed_forward_dropout")
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+        mask=None,
+        inputs_mask=None,
+    ):
+        check_rank("inputs", inputs, 3, "(B, T, D)")
+        keras_mask = mask if mask is not None else inputs_mask
+        key_mask = combine_masks(padding_mask, keras_mask)
+        scores = []
+
+        def attend(x):
+            result = self.self_attention(
+                x,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+                key_mask=key_mask,
+            )
+            if return_attention_scores:
+                result, weights = result
+                scores.append(weights)
+            return result
+
+        x = self._residual(inputs, attend, self.self_attention_norm,
+                           self.self_attention_dropout, training)
+        x = self._residual(x, lambda h: self.feed_forward(h, training=training),
+                           self.feed_forward_norm, self.feed_forward_dropout,
+                           training)
+        if return_attention_scores:
+            return x, scores[0]
+        return x

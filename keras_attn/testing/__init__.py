@@ -1,0 +1,1 @@
+"""Test support shipped with the package: the float64 NumPy reference."""

@@ -1,0 +1,225 @@
+"""Independent float64 NumPy reference for every keras_attn layer.
+
+Written from "Attention Is All You Need" (Vaswani et al., 2017), Eq. 1 and 2
+and Section 3, and from the mask conventions in the keras_attn README. It
+imports NumPy and the standard library only, never `keras` or `keras_attn`,
+so that comparing a layer against it compares two independent derivations.
+
+Shapes: B batch, H heads, T query length, S key length, d_k key/query width
+per head, d_v value width per head. Masks are boolean, True = may attend.
+
+Weights are plain dicts of arrays, with the same layout as the Keras layers:
+a dense layer is `{"kernel": (in, out), "bias": (out,) or None}` and computes
+`x @ kernel + bias`.
+"""
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "activation",
+    "causal_mask",
+    "decoder_layer",
+    "dense",
+    "encoder_layer",
+    "feed_forward",
+    "layer_norm",
+    "multi_head_attention",
+    "scaled_dot_product_attention",
+]
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def activation(name, x):
+    """relu, gelu (exact, erf form), tanh, silu or linear, in float64."""
+    x = np.asarray(x, np.float64)
+    if name == "relu":
+        return np.maximum(x, 0.0)
+    if name == "gelu":
+        return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+    if name == "tanh":
+        return np.tanh(x)
+    if name == "silu":
+        return x / (1.0 + np.exp(-x))
+    if name in (None, "linear"):
+        return x
+    raise ValueError(f"reference has no activation {name!r}")
+
+
+def causal_mask(query_length, key_length):
+    """(T, S) bool: query i may attend key j iff j <= i + (S - T)."""
+    i = np.arange(query_length)[:, None]
+    j = np.arange(key_length)[None, :]
+    return j <= i + (key_length - query_length)
+
+
+def scaled_dot_product_attention(
+    q, k, v, mask=None, bias=None, is_causal=False, scale=None
+):
+    """softmax(q k^T * scale + bias) v over the allowed keys.
+
+    q `(..., T, d_k)`, k `(..., S, d_k)`, v `(..., S, d_v)`. Returns the
+    output `(..., T, d_v)` and the weights `(..., T, S)`. A query with no
+    allowed key has all-zero weights and a zero output row.
+    """
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    T, S = q.shape[-2], k.shape[-2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    logits = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    if bias is not None:
+        logits = logits + np.asarray(bias, np.float64)
+    allowed = np.ones(logits.shape, bool)
+    if mask is not None:
+        allowed = allowed & np.asarray(mask, bool)
+    if is_causal:
+        allowed = allowed & causal_mask(T, S)
+    allowed = allowed & np.isfinite(logits)  # a -inf bias also forbids a key
+    weights = np.zeros(logits.shape)
+    for index in np.ndindex(logits.shape[:-1]):
+        row, keep = logits[index], allowed[index]
+        if keep.any():
+            e = np.exp(row[keep] - row[keep].max())
+            weights[index][keep] = e / e.sum()
+    return np.matmul(weights, v), weights
+
+
+def dense(x, params):
+    y = np.asarray(x, np.float64) @ np.asarray(params["kernel"], np.float64)
+    if params.get("bias") is not None:
+        y = y + np.asarray(params["bias"], np.float64)
+    return y
+
+
+def layer_norm(x, params, epsilon):
+    """Normalise over the last axis, then scale by gamma and shift by beta."""
+    x = np.asarray(x, np.float64)
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    y = (x - mean) / np.sqrt(var + epsilon)
+    return y * params["gamma"] + params["beta"]
+
+
+def _split_heads(x, num_heads):
+    B, L, width = x.shape
+    return x.reshape(B, L, num_heads, width // num_heads).transpose(0, 2, 1, 3)
+
+
+def multi_head_attention(
+    params, query, key=None, value=None, num_heads=1, mask=None,
+    is_causal=False,
+):
+    """Multi-head attention, paper Section 3.2.2.
+
+    params: dicts `query`, `key`, `value`, `output` (dense layers). Head h owns
+    columns `[h * d, (h + 1) * d)` of the projections. `mask` broadcasts to
+    `(B, T, S)` or `(B, H, T, S)`. Returns `(B, T, out)` and `(B, H, T, S)`.
+    """
+    key = query if key is None else key
+    value = key if value is None else value
+    q = _split_heads(dense(query, params["query"]), num_heads)  # (B, H, T, d_k)
+    k = _split_heads(dense(key, params["key"]), num_heads)  # (B, H, S, d_k)
+    v = _split_heads(dense(value, params["value"]), num_heads)  # (B, H, S, d_v)
+    if mask is not None:
+        mask = np.asarray(mask, bool)
+        if mask.ndim == 3:
+            mask = mask[:, None]  # (B, 1, T, S)
+    out, weights = scaled_dot_product_attention(
+        q, k, v, mask=mask, is_causal=is_causal
+    )
+    B, H, T, d_v = out.shape
+    out = out.transpose(0, 2, 1, 3).reshape(B, T, H * d_v)  # (B, T, H * d_v)
+    return dense(out, params["output"]), weights
+
+
+def feed_forward(params, x, activation_name="relu"):
+    """Paper Eq. 2: W2 act(W1 x + b1) + b2 (no activation after W2)."""
+    hidden = activation(activation_name, dense(x, params["intermediate"]))
+    return dense(hidden, params["output"])
+
+
+def _attention_mask(padding_mask, attention_mask, query_length):
+    """Combine a key padding mask `(B, S)` and a mask `(B, T, S)`."""
+    mask = None
+    if padding_mask is not None:
+        mask = np.asarray(padding_mask, bool)[:, None, :]  # (B, 1, S)
+        mask = np.broadcast_to(mask, (mask.shape[0], query_length, mask.shape[2]))
+    if attention_mask is not None:
+        attention_mask = np.asarray(attention_mask, bool)
+        mask = attention_mask if mask is None else mask & attention_mask
+    return mask
+
+
+def _sublayer(x, fn, norm_params, epsilon, normalize_first):
+    """Residual around `fn`, post-LN (paper) or pre-LN."""
+    if normalize_first:
+        return x + fn(layer_norm(x, norm_params, epsilon))
+    return layer_norm(x + fn(x), norm_params, epsilon)
+
+
+def encoder_layer(
+    params, x, num_heads, padding_mask=None, attention_mask=None,
+    is_causal=False, normalize_first=False, epsilon=1e-5,
+    activation_name="relu",
+):
+    """Encoder layer: self-attention then FFN, each residual + LayerNorm.
+
+    params: `self_attention`, `self_attention_norm`, `feed_forward`,
+    `feed_forward_norm`. Dropout is off (inference).
+    """
+    x = np.asarray(x, np.float64)
+    mask = _attention_mask(padding_mask, attention_mask, x.shape[1])
+
+    def attend(h):
+        return multi_head_attention(
+            params["self_attention"], h, num_heads=num_heads, mask=mask,
+            is_causal=is_causal,
+        )[0]
+
+    x = _sublayer(x, attend, params["self_attention_norm"], epsilon,
+                  normalize_first)
+    ffn = lambda h: feed_forward(params["feed_forward"], h, activation_name)  # noqa: E731
+    return _sublayer(x, ffn, params["feed_forward_norm"], epsilon,
+                     normalize_first)
+
+
+def decoder_layer(
+    params, x, num_heads, memory=None, padding_mask=None,
+    memory_padding_mask=None, attention_mask=None, memory_attention_mask=None,
+    is_causal=True, normalize_first=False, epsilon=1e-5,
+    activation_name="relu",
+):
+    """Decoder layer: causal self-attention, cross-attention, FFN.
+
+    params as for the encoder, plus `cross_attention` and
+    `cross_attention_norm` when `memory` is given.
+    """
+    x = np.asarray(x, np.float64)
+    T = x.shape[1]
+    self_mask = _attention_mask(padding_mask, attention_mask, T)
+
+    def attend(h):
+        return multi_head_attention(
+            params["self_attention"], h, num_heads=num_heads, mask=self_mask,
+            is_causal=is_causal,
+        )[0]
+
+    x = _sublayer(x, attend, params["self_attention_norm"], epsilon,
+                  normalize_first)
+    if memory is not None:
+        memory = np.asarray(memory, np.float64)
+        cross_mask = _attention_mask(memory_padding_mask, memory_attention_mask, T)
+
+        def cross(h):
+            return multi_head_attention(
+                params["cross_attention"], h, memory, memory,
+                num_heads=num_heads, mask=cross_mask,
+            )[0]
+
+        x = _sublayer(x, cross, params["cross_attention_norm"], epsilon,
+                      normalize_first)
+    ffn = lambda h: feed_forward(params["feed_forward"], h, activation_name)  # noqa: E731
+    return _sublayer(x, ffn, params["feed_forward_norm"], epsilon,
+                     normalize_first)

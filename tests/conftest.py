@@ -1,0 +1,40 @@
+"""Test configuration: backend header, TF32 off, the trainable-backend marker."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide TF's oneDNN/INFO notices
+
+import keras  # noqa: E402
+import pytest  # noqa: E402
+
+from keras_attn import _device  # noqa: E402
+
+BACKEND = keras.backend.backend()
+TRAINABLE = BACKEND in ("tensorflow", "jax", "torch")
+
+# float32 must mean float32 on GPUs, as in Keras's own test suite.
+_device.disable_tf32()
+
+
+def pytest_report_header(config):
+    info = _device.describe()
+    return (f"keras_attn: backend={info['backend']} {info['backend_version']}, "
+            f"keras={info['keras']}, device={info['device']}")
+
+
+def pytest_collection_modifyitems(config, items):
+    if TRAINABLE:
+        return
+    skip = pytest.mark.skip(reason=f"the {BACKEND} backend cannot train")
+    for item in items:
+        if "requires_trainable_backend" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    """Each test starts from float32 and a clean Keras name scope."""
+    keras.config.set_dtype_policy("float32")
+    keras.backend.clear_session()
+    yield
+    keras.config.set_dtype_policy("float32")
