@@ -161,7 +161,9 @@ class MultiHeadAttention(keras.layers.Layer):
             else:
                 check_broadcastable("attention_mask", attention_mask,
                                     (B, T, S), "(B, T, S)")
-                attention_mask = ops.expand_dims(attention_mask, -3)  # (B, 1, T, S)
+                if rank == 3:
+                    attention_mask = ops.expand_dims(attention_mask, 1)  # (B, 1, T, S)
+                # rank < 3 ((T, S) or (S,)) already broadcasts from the right.
         if key_padding is not None:
             check_broadcastable("key_mask", key_padding, (B, S), "(B, S)")
             key_padding = ops.expand_dims(ops.expand_dims(key_padding, 1), 1)  # (B, 1, 1, S)
