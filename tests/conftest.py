@@ -22,6 +22,19 @@ def pytest_report_header(config):
             f"keras={info['keras']}, device={info['device']}")
 
 
+def pytest_terminal_summary(terminalreporter):
+    from keras_attn.testing.tolerances import TOLERANCES
+
+    from .helpers import WORST
+
+    for dtype, (abs_err, rel_err) in sorted(WORST.items()):
+        tol = TOLERANCES[dtype]
+        terminalreporter.write_line(
+            f"keras_attn [{BACKEND}] worst error vs float64 reference ({dtype}): "
+            f"abs {abs_err:.2e}, rel {rel_err:.2e} (rel over |expected| >= 1e-3); "
+            f"tolerance atol={tol['atol']:g}, rtol={tol['rtol']:g}")
+
+
 def pytest_collection_modifyitems(config, items):
     if TRAINABLE:
         return

@@ -10,6 +10,10 @@ def to_numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
+# Worst errors seen by assert_close, per dtype; the conftest prints them at the end.
+WORST = {}
+
+
 def assert_close(actual, expected, dtype="float32", what="output"):
     """Compare against the float64 reference with the project's tolerance."""
     actual = np.asarray(to_numpy(actual), np.float64)
@@ -17,7 +21,12 @@ def assert_close(actual, expected, dtype="float32", what="output"):
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     tol = tolerance(dtype)
     np.testing.assert_allclose(actual, expected, err_msg=what, **tol)
-    return float(np.max(np.abs(actual - expected))) if actual.size else 0.0
+    if actual.size:
+        abs_err = np.abs(actual - expected)
+        rel_err = abs_err / np.maximum(np.abs(expected), 1e-3)
+        worst = WORST.setdefault(dtype, [0.0, 0.0])
+        worst[0] = max(worst[0], float(abs_err.max()))
+        worst[1] = max(worst[1], float(rel_err.max()))
 
 
 def rng(seed=0):

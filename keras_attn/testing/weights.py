@@ -46,6 +46,8 @@ def randomize_weights(layer, seed=0, scale=0.5):
     """
     rng = np.random.default_rng(seed)
     for variable in layer.weights:
+        if "float" not in keras.backend.standardize_dtype(variable.dtype):
+            continue  # e.g. a dropout seed generator's state
         shape = tuple(variable.shape)
         value = rng.normal(0.0, scale, size=shape)
         if variable.path.endswith("gamma"):
