@@ -98,6 +98,28 @@ class TransformerLayerBase(keras.layers.Layer):
         layer.build(input_shape)
         return layer
 
+    @staticmethod
+    def _attention_fn(layer, key, key_mask, attention_mask, causal, training, scores):
+        """`x -> layer(x, key, ...)`; appends the weights to `scores` if it is a list."""
+
+        def attend(x):
+            result = layer(
+                x,
+                key,
+                attention_mask=attention_mask,
+                use_causal_mask=causal,
+                return_attention_scores=scores is not None,
+                training=training,
+                key_mask=key_mask,
+            )
+            if scores is None:
+                return result
+            output, weights = result
+            scores.append(weights)
+            return output
+
+        return attend
+
     def _residual(self, x, sublayer, norm, dropout, training):
         """post-LN: norm(x + drop(f(x))); pre-LN: x + drop(f(norm(x)))."""
         residual = x

@@ -105,36 +105,18 @@ class TransformerDecoderLayer(TransformerLayerBase):
         self._check_memory(memory)
         keras_mask = mask if mask is not None else inputs_mask
         self_key_mask = combine_masks(padding_mask, keras_mask)
-        scores = []
-
-        def attention_sublayer(layer, key, key_mask, attn_mask, causal):
-            def attend(x):
-                result = layer(
-                    x,
-                    key,
-                    attention_mask=attn_mask,
-                    use_causal_mask=causal,
-                    return_attention_scores=return_attention_scores,
-                    training=training,
-                    key_mask=key_mask,
-                )
-                if return_attention_scores:
-                    result, weights = result
-                    scores.append(weights)
-                return result
-            return attend
-
+        scores = [] if return_attention_scores else None
         x = self._residual(
             inputs,
-            attention_sublayer(self.self_attention, None, self_key_mask,
-                               attention_mask, use_causal_mask),
+            self._attention_fn(self.self_attention, None, self_key_mask, attention_mask,
+                               use_causal_mask, training, scores),
             self.self_attention_norm, self.self_attention_dropout, training)
         if self.has_memory:
             memory_key_mask = combine_masks(memory_padding_mask, memory_mask)
             x = self._residual(
                 x,
-                attention_sublayer(self.cross_attention, memory, memory_key_mask,
-                                   memory_attention_mask, False),
+                self._attention_fn(self.cross_attention, memory, memory_key_mask,
+                                   memory_attention_mask, False, training, scores),
                 self.cross_attention_norm, self.cross_attention_dropout, training)
         x = self._residual(x, lambda h: self.feed_forward(h, training=training),
                            self.feed_forward_norm, self.feed_forward_dropout,

@@ -83,22 +83,9 @@ class TransformerEncoderLayer(TransformerLayerBase):
         check_rank("inputs", inputs, 3, "(B, T, D)")
         keras_mask = mask if mask is not None else inputs_mask
         key_mask = combine_masks(padding_mask, keras_mask)
-        scores = []
-
-        def attend(x):
-            result = self.self_attention(
-                x,
-                attention_mask=attention_mask,
-                use_causal_mask=use_causal_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-                key_mask=key_mask,
-            )
-            if return_attention_scores:
-                result, weights = result
-                scores.append(weights)
-            return result
-
+        scores = [] if return_attention_scores else None
+        attend = self._attention_fn(self.self_attention, None, key_mask, attention_mask,
+                                    use_causal_mask, training, scores)
         x = self._residual(inputs, attend, self.self_attention_norm,
                            self.self_attention_dropout, training)
         x = self._residual(x, lambda h: self.feed_forward(h, training=training),
