@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from keras_attn.parity.worker import NO_GPU_EXIT
 from keras_attn.testing.tolerances import TOLERANCES
 
 __all__ = ["add_arguments", "installed_backends", "run"]
@@ -126,11 +127,12 @@ def _run_workers(args, backends, cases, tmp):
         stdout, stderr = process.communicate()
         seconds = time.perf_counter() - start
         if process.returncode != 0 or not os.path.exists(request["meta"]):
-            message = stderr.strip().splitlines()[-1] if stderr.strip() else "no output"
-            _progress(f"[parity] {backend}: failed (exit status {process.returncode}): "
-                      f"{message}")
-            if process.returncode == 2:
-                print(stderr.strip(), file=sys.stderr)
+            lines = stderr.strip().splitlines() or ["(no output)"]
+            if process.returncode == NO_GPU_EXIT:
+                _progress(f"[parity] {backend}: {lines[-1]}")
+            else:
+                _progress(f"[parity] {backend}: the worker failed (exit status "
+                          f"{process.returncode}):\n" + "\n".join(lines[-20:]))
             return 2
         with open(request["meta"]) as f:
             metas[backend] = json.load(f)

@@ -50,9 +50,13 @@ def load(path):
     return report
 
 
+def _short(name):
+    prefix, _, rest = name.rpartition(":")  # "A:tensorflow" in --compare
+    return (prefix + ":" if prefix else "") + SHORT.get(rest, rest)
+
+
 def _label(a, b):
-    short = lambda n: SHORT.get(n, n.replace("tensorflow", "tf"))  # noqa: E731
-    return f"{short(a)}-{short(b)}"
+    return f"{_short(a)}-{_short(b)}"
 
 
 def _fmt(value):

@@ -1,5 +1,8 @@
 """Run the parity cases in one backend: `python -m keras_attn.parity.worker REQUEST`.
 
+`python -m keras_attn.parity.worker --check-gpu` only checks that the backend
+chosen by KERAS_BACKEND sees a GPU (exit status 2 and a message if not).
+
 Started by `keras-attn parity` in a subprocess with `KERAS_BACKEND` set, one
 per backend. REQUEST is a JSON file naming the arrays file written by the
 parent (inputs, masks and weights of every case), the requested cases, dtypes
@@ -161,11 +164,33 @@ def _same_bits(a, b):
         a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes() for k in a)
 
 
+def _no_gpu_message(backend):
+    return (f"keras-attn parity: --device gpu was requested, but the {backend} backend "
+            f"sees no GPU (is the CUDA build of {backend} installed, and a GPU visible?)")
+
+
+def check_gpu():
+    """`--check-gpu`: print the device, or fail (exit status 2) without a GPU."""
+    import keras
+
+    from keras_attn import _device
+
+    backend = keras.backend.backend()
+    if not _device.gpu_available():
+        print(_no_gpu_message(backend), file=sys.stderr)
+        return NO_GPU_EXIT
+    info = _device.describe()
+    print(f"{backend} {info['backend_version']} sees {info['device']}")
+    return 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if argv == ["--check-gpu"]:
+        return check_gpu()
     with open(argv[0]) as f:
         request = json.load(f)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     import keras
 
@@ -174,9 +199,7 @@ def main(argv=None):
 
     backend = keras.backend.backend()
     if request["device"] == "gpu" and not _device.gpu_available():
-        print(f"keras-attn parity: --device gpu was requested, but the {backend} backend "
-              f"sees no GPU (is the CUDA build of {backend} installed, and a GPU visible?)",
-              file=sys.stderr)
+        print(_no_gpu_message(backend), file=sys.stderr)
         return NO_GPU_EXIT
     _device.disable_tf32()
     gradients = request["gradients"] and backend != "numpy"
