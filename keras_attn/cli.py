@@ -13,6 +13,9 @@ __all__ = ["main"]
 # name -> (module, one-line help)
 COMMANDS = {
     "example": ("keras_attn.example", "build a small model from these layers and print its output"),
+    "parity": ("keras_attn.parity.cli",
+               "run the same cases on every backend and compare them with each other "
+               "and with the float64 reference"),
 }
 
 

@@ -1,0 +1,295 @@
+"""The fixed, named parity cases, their inputs, weights and float64 reference.
+
+Everything here is plain NumPy: inputs and weights are drawn once from a fixed
+seed, written to a file and loaded into every backend, so no result depends on
+a backend's random number generator. Weights are named like the reference's
+parameter dicts, flattened with "/" (for example
+"self_attention/query/kernel"); the worker loads them into the layer's
+variables by those names.
+
+The scalar loss of every case is `sum(output * cotangent)` with a fixed random
+`cotangent` of the output's shape, so that every gradient is non-trivial (a
+plain sum would give LayerNorm outputs zero gradients).
+"""
+
+import dataclasses
+
+import numpy as np
+
+from keras_attn.testing import reference
+
+__all__ = ["CASES", "Case", "case_arrays", "cotangent", "get_cases", "reference_result"]
+
+SEED = 20240607
+WEIGHT_SCALE = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One parity case.
+
+    kind: "sdpa", "mha", "ffn", "encoder" or "decoder".
+    config: constructor arguments of the layer (or sdpa keyword arguments).
+    shapes: name -> shape of each differentiable float input.
+    masks: name -> a function of a NumPy Generator returning a bool array.
+    call: extra call keyword arguments (non-array, for example causal flags).
+    """
+
+    name: str
+    kind: str
+    description: str
+    config: dict
+    shapes: dict
+    masks: dict = dataclasses.field(default_factory=dict)
+    call: dict = dataclasses.field(default_factory=dict)
+
+
+def _padding(lengths, length):
+    return np.arange(length)[None, :] < np.asarray(lengths)[:, None]
+
+
+def _random_mask(shape, dead_row=None):
+    """A random bool mask; `dead_row` (an index tuple) gets no allowed key."""
+
+    def make(g):
+        mask = g.random(shape) > 0.35
+        mask[..., 0] |= True  # every other row keeps at least one key
+        if dead_row is not None:
+            mask[dead_row] = False
+        return mask
+
+    return make
+
+
+B, T, S, D = 2, 4, 5, 8
+
+CASES = (
+    Case("sdpa_mask_bias", "sdpa",
+         "functional core: explicit mask with a fully masked row, additive bias",
+         {}, {"query": (B, 2, T, 3), "key": (B, 2, S, 3), "value": (B, 2, S, 4),
+              "bias": (B, 2, T, S)},
+         masks={"mask": _random_mask((B, 2, T, S), dead_row=(1, 0, 2))}),
+    Case("sdpa_causal_offset", "sdpa",
+         "functional core: causal, T=3 queries over S=5 keys (bottom-right aligned)",
+         {"is_causal": True, "scale": 0.7},
+         {"query": (B, 2, 3, 4), "key": (B, 2, S, 4), "value": (B, 2, S, 2)}),
+    Case("mha_self_causal", "mha", "MultiHeadAttention: self-attention, causal mask",
+         {"num_heads": 2, "key_dim": 4}, {"query": (B, T, D)},
+         call={"use_causal_mask": True}),
+    Case("mha_cross_dims_masked", "mha",
+         "MultiHeadAttention: q/k/v dims 6/10/3, value_dim 5, output_dim 7, explicit "
+         "mask with a fully masked row",
+         {"num_heads": 2, "key_dim": 3, "value_dim": 5, "output_dim": 7},
+         {"query": (B, T, 6), "key": (B, S, 10), "value": (B, S, 3)},
+         masks={"attention_mask": _random_mask((B, T, S), dead_row=(0, 1))}),
+    Case("mha_per_head_mask_no_bias", "mha",
+         "MultiHeadAttention: per-head mask (B, H, T, S), no biases",
+         {"num_heads": 2, "key_dim": 4, "use_bias": False},
+         {"query": (B, T, D), "key": (B, S, D)},
+         masks={"attention_mask": _random_mask((B, 2, T, S))}),
+    Case("ffn_relu", "ffn", "PositionwiseFeedForward: relu",
+         {"intermediate_dim": 16, "activation": "relu"}, {"inputs": (B, T, D)}),
+    Case("ffn_gelu_out_dim", "ffn", "PositionwiseFeedForward: gelu, output_dim 5",
+         {"intermediate_dim": 12, "activation": "gelu", "output_dim": 5},
+         {"inputs": (B, T, D)}),
+    Case("encoder_post_ln_padding", "encoder",
+         "TransformerEncoderLayer: post-LN, padding mask (lengths 4 and 2)",
+         {"num_heads": 2, "intermediate_dim": 16},
+         {"inputs": (B, T, D)},
+         masks={"padding_mask": lambda g: _padding([T, 2], T)}),
+    Case("encoder_pre_ln_causal_explicit", "encoder",
+         "TransformerEncoderLayer: pre-LN, gelu, causal + explicit mask",
+         {"num_heads": 2, "intermediate_dim": 16, "normalize_first": True,
+          "activation": "gelu"},
+         {"inputs": (B, T, D)},
+         masks={"attention_mask": _random_mask((B, T, T))},
+         call={"use_causal_mask": True}),
+    Case("decoder_post_ln_cross", "decoder",
+         "TransformerDecoderLayer: post-LN, memory width 6, both padding masks",
+         {"num_heads": 2, "intermediate_dim": 16},
+         {"inputs": (B, T, D), "memory": (B, S, 6)},
+         masks={"padding_mask": lambda g: _padding([T, 3], T),
+                "memory_padding_mask": lambda g: _padding([S, 2], S)}),
+    Case("decoder_pre_ln_cross_masked", "decoder",
+         "TransformerDecoderLayer: pre-LN, memory mask with a fully masked row",
+         {"num_heads": 2, "intermediate_dim": 16, "normalize_first": True},
+         {"inputs": (B, T, D), "memory": (B, S, D)},
+         masks={"memory_attention_mask": _random_mask((B, T, S), dead_row=(1, 3))}),
+    Case("decoder_only", "decoder",
+         "TransformerDecoderLayer: decoder-only block (no memory), causal",
+         {"num_heads": 2, "intermediate_dim": 16},
+         {"inputs": (B, T, D)}),
+)
+
+
+def get_cases(names=None):
+    """The cases, optionally only those named (ValueError on an unknown name)."""
+    if not names:
+        return list(CASES)
+    by_name = {case.name: case for case in CASES}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"Unknown parity case(s) {unknown}; known: {sorted(by_name)}. "
+                         f"Received: cases={names}")
+    return [by_name[n] for n in names]
+
+
+# ----------------------------------------------------------------------------
+# Weight shapes, in the reference's layout.
+
+
+def _dense(prefix, n_in, n_out, bias=True):
+    shapes = {f"{prefix}/kernel": (n_in, n_out)}
+    if bias:
+        shapes[f"{prefix}/bias"] = (n_out,)
+    return shapes
+
+
+def _mha(prefix, q_dim, k_dim, v_dim, heads, key_dim, value_dim=None, output_dim=None,
+         bias=True):
+    value_dim = value_dim or key_dim
+    output_dim = output_dim or q_dim
+    p = prefix + "/" if prefix else ""
+    return {**_dense(p + "query", q_dim, heads * key_dim, bias),
+            **_dense(p + "key", k_dim, heads * key_dim, bias),
+            **_dense(p + "value", v_dim, heads * value_dim, bias),
+            **_dense(p + "output", heads * value_dim, output_dim, bias)}
+
+
+def _ffn(prefix, dim, inter, output_dim=None, bias=True):
+    p = prefix + "/" if prefix else ""
+    return {**_dense(p + "intermediate", dim, inter, bias),
+            **_dense(p + "output", inter, output_dim or dim, bias)}
+
+
+def _norm(prefix, dim):
+    return {f"{prefix}/gamma": (dim,), f"{prefix}/beta": (dim,)}
+
+
+def weight_shapes(case):
+    """name -> shape of every weight of the case's layer."""
+    c, s = case.config, case.shapes
+    if case.kind == "sdpa":
+        return {}
+    if case.kind == "mha":
+        q = s["query"][-1]
+        k = s.get("key", s["query"])[-1]
+        v = s.get("value", s.get("key", s["query"]))[-1]
+        return _mha("", q, k, v, c["num_heads"], c["key_dim"], c.get("value_dim"),
+                    c.get("output_dim"), c.get("use_bias", True))
+    if case.kind == "ffn":
+        return _ffn("", s["inputs"][-1], c["intermediate_dim"], c.get("output_dim"),
+                    c.get("use_bias", True))
+    d = s["inputs"][-1]
+    head = c.get("key_dim") or d // c["num_heads"]
+    shapes = {**_mha("self_attention", d, d, d, c["num_heads"], head, output_dim=d),
+              **_norm("self_attention_norm", d)}
+    if "memory" in s:
+        m = s["memory"][-1]
+        shapes.update(_mha("cross_attention", d, m, m, c["num_heads"], head, output_dim=d))
+        shapes.update(_norm("cross_attention_norm", d))
+    shapes.update(_ffn("feed_forward", d, c["intermediate_dim"]))
+    shapes.update(_norm("feed_forward_norm", d))
+    return shapes
+
+
+def case_arrays(case, seed=SEED):
+    """(inputs, masks, weights): dicts of float32 / bool NumPy arrays."""
+    g = np.random.default_rng([seed, _stable_hash(case.name)])
+    inputs = {n: g.standard_normal(shape).astype("float32") for n, shape in case.shapes.items()}
+    masks = {n: np.asarray(make(g), bool) for n, make in case.masks.items()}
+    weights = {}
+    for name, shape in weight_shapes(case).items():
+        value = g.normal(0.0, WEIGHT_SCALE, size=shape)
+        if name.endswith("gamma"):
+            value = 1.0 + value
+        weights[name] = value.astype("float32")
+    return inputs, masks, weights
+
+
+def cotangent(case, shape, seed=SEED):
+    """The fixed weights of the scalar loss `sum(output * cotangent)`."""
+    g = np.random.default_rng([seed, _stable_hash(case.name), 1])
+    return g.standard_normal(tuple(shape)).astype("float32")
+
+
+def _stable_hash(text):
+    return int.from_bytes(text.encode()[:16].ljust(16, b"\0"), "little") % (2**63)
+
+
+# ----------------------------------------------------------------------------
+# The float64 reference: forward, and gradients by central differences.
+
+
+def _nest(flat):
+    tree = {}
+    for name, value in flat.items():
+        *parents, leaf = name.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = np.asarray(value, np.float64)
+    return tree
+
+
+def reference_forward(case, inputs, masks, weights):
+    """The case's output in float64, from `keras_attn.testing.reference`."""
+    c, call = case.config, case.call
+    params = _nest(weights)
+    if case.kind == "sdpa":
+        return reference.scaled_dot_product_attention(
+            inputs["query"], inputs["key"], inputs["value"], mask=masks.get("mask"),
+            bias=inputs.get("bias"), is_causal=c.get("is_causal", False),
+            scale=c.get("scale"))[0]
+    if case.kind == "mha":
+        return reference.multi_head_attention(
+            params, inputs["query"], inputs.get("key"), inputs.get("value"),
+            num_heads=c["num_heads"], mask=masks.get("attention_mask"),
+            is_causal=call.get("use_causal_mask", False))[0]
+    if case.kind == "ffn":
+        return reference.feed_forward(params, inputs["inputs"], c.get("activation", "relu"))
+    common = dict(num_heads=c["num_heads"], padding_mask=masks.get("padding_mask"),
+                  attention_mask=masks.get("attention_mask"),
+                  normalize_first=c.get("normalize_first", False),
+                  epsilon=c.get("layer_norm_epsilon", 1e-5),
+                  activation_name=c.get("activation", "relu"))
+    if case.kind == "encoder":
+        return reference.encoder_layer(params, inputs["inputs"],
+                                       is_causal=call.get("use_causal_mask", False), **common)
+    return reference.decoder_layer(
+        params, inputs["inputs"], memory=inputs.get("memory"),
+        memory_padding_mask=masks.get("memory_padding_mask"),
+        memory_attention_mask=masks.get("memory_attention_mask"),
+        is_causal=call.get("use_causal_mask", True), **common)
+
+
+def reference_result(case, inputs, masks, weights, step=1e-5):
+    """{"output": ..., "grad/<input or weight>": ...}, all float64.
+
+    Gradients of `sum(output * cotangent)` by central differences on the
+    float64 reference (error about step**2, far below every tolerance).
+    """
+    inputs = {n: np.asarray(v, np.float64) for n, v in inputs.items()}
+    weights = {n: np.asarray(v, np.float64) for n, v in weights.items()}
+    out = reference_forward(case, inputs, masks, weights)
+    cot = cotangent(case, out.shape).astype(np.float64)
+    result = {"output": out}
+
+    def loss():
+        return float(np.sum(reference_forward(case, inputs, masks, weights) * cot))
+
+    for group in (inputs, weights):
+        for name, array in group.items():
+            grad = np.zeros_like(array)
+            flat, gflat = array.reshape(-1), grad.reshape(-1)
+            for i in range(flat.size):
+                keep = flat[i]
+                flat[i] = keep + step
+                up = loss()
+                flat[i] = keep - step
+                down = loss()
+                flat[i] = keep
+                gflat[i] = (up - down) / (2 * step)
+            result["grad/" + name] = grad
+    return result
+

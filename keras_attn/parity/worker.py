@@ -1,0 +1,235 @@
+"""Run the parity cases in one backend: `python -m keras_attn.parity.worker REQUEST`.
+
+`python -m keras_attn.parity.worker --check-gpu` only checks that the backend
+chosen by KERAS_BACKEND sees a GPU (exit status 2 and a message if not).
+
+Started by `keras-attn parity` in a subprocess with `KERAS_BACKEND` set, one
+per backend. REQUEST is a JSON file naming the arrays file written by the
+parent (inputs, masks and weights of every case), the requested cases, dtypes
+and device, and where to write the results: an .npz of float32 arrays
+("<dtype>/<case>/output", "<dtype>/<case>/grad/<name>") and a JSON file
+(backend, versions, device, determinism, errors, timings).
+
+This module imports keras and keras_attn only; anything backend-specific
+(devices, TF32, gradients) goes through `keras_attn._device`.
+
+Exit status: 0 when it ran (per-case errors are recorded in the results),
+2 when the requested device is not available (the message says why).
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+NO_GPU_EXIT = 2
+
+
+def _policy(dtype):
+    return "float32" if dtype == "float32" else f"mixed_{dtype}"
+
+
+def _dense_vars(prefix, dense):
+    out = {prefix + "kernel": dense.kernel}
+    if dense.bias is not None:
+        out[prefix + "bias"] = dense.bias
+    return out
+
+
+def named_variables(layer, prefix=""):
+    """name -> keras.Variable, names as in `cases.weight_shapes`."""
+    kind = type(layer).__name__
+    if kind == "MultiHeadAttention":
+        parts = ("query", "key", "value", "output")
+    elif kind == "PositionwiseFeedForward":
+        parts = ("intermediate", "output")
+    else:
+        parts = None
+    if parts is not None:
+        out = {}
+        for part in parts:
+            out.update(_dense_vars(f"{prefix}{part}/", getattr(layer, part + "_dense")))
+        return out
+    out = {}
+    for part in ("self_attention", "cross_attention", "feed_forward"):
+        if getattr(layer, part, None) is None:
+            continue
+        out.update(named_variables(getattr(layer, part), f"{prefix}{part}/"))
+        norm = getattr(layer, part + "_norm")
+        out[f"{prefix}{part}_norm/gamma"] = norm.gamma
+        out[f"{prefix}{part}_norm/beta"] = norm.beta
+    return out
+
+
+def _build(case, dtype):
+    """The case's layer (None for the functional core), built, weights unset."""
+    import keras_attn
+
+    s, policy = case.shapes, _policy(dtype)
+    if case.kind == "sdpa":
+        return None
+    if case.kind == "mha":
+        layer = keras_attn.MultiHeadAttention(**case.config, dtype=policy)
+        layer.build(s["query"], s.get("key"), s.get("value"))
+    elif case.kind == "ffn":
+        layer = keras_attn.PositionwiseFeedForward(**case.config, dtype=policy)
+        layer.build(s["inputs"])
+    elif case.kind == "encoder":
+        layer = keras_attn.TransformerEncoderLayer(**case.config, dtype=policy)
+        layer.build(s["inputs"])
+    else:
+        layer = keras_attn.TransformerDecoderLayer(**case.config, dtype=policy)
+        layer.build(s["inputs"], s.get("memory"))
+    return layer
+
+
+def _load_weights(layer, weights):
+    """Assign the NumPy weights by name; every variable must be covered."""
+    if layer is None:
+        return []
+    variables = named_variables(layer)
+    if set(variables) != set(weights):
+        raise RuntimeError(f"weight names differ: layer has {sorted(variables)}, "
+                           f"case has {sorted(weights)}")
+    covered = {id(v) for v in variables.values()}
+    missed = [v.path for v in layer.weights if id(v) not in covered]
+    if missed:
+        raise RuntimeError(f"weights not covered by the case: {missed}")
+    for name, variable in variables.items():
+        if tuple(variable.shape) != weights[name].shape:
+            raise RuntimeError(f"{name}: shape {tuple(variable.shape)} != "
+                               f"{weights[name].shape}")
+        variable.assign(weights[name])
+    return [variables[name] for name in weights]
+
+
+def _forward(case, layer, dtype, inputs, masks):
+    """The case's output tensor for `inputs` (a dict of tensors or arrays)."""
+    import keras
+
+    import keras_attn
+
+    call = case.call
+    if case.kind == "sdpa":
+        cast = {n: keras.ops.cast(v, dtype) for n, v in inputs.items()}
+        return keras_attn.scaled_dot_product_attention(
+            cast["query"], cast["key"], cast["value"], mask=masks.get("mask"),
+            bias=cast.get("bias"), **case.config)
+    if case.kind == "mha":
+        return layer(inputs["query"], inputs.get("key"), inputs.get("value"),
+                     attention_mask=masks.get("attention_mask"),
+                     use_causal_mask=call.get("use_causal_mask", False))
+    if case.kind == "ffn":
+        return layer(inputs["inputs"])
+    kwargs = {n: masks[n] for n in masks}
+    if case.kind == "encoder":
+        return layer(inputs["inputs"], use_causal_mask=call.get("use_causal_mask", False),
+                     **kwargs)
+    return layer(inputs["inputs"], memory=inputs.get("memory"),
+                 use_causal_mask=call.get("use_causal_mask", True), **kwargs)
+
+
+def run_case(case, dtype, inputs, masks, weights, gradients):
+    """{"output": ..., "grad/<name>": ...} as float32 NumPy arrays."""
+    import keras
+
+    from keras_attn import _device
+    from keras_attn.parity.cases import cotangent
+
+    layer = _build(case, dtype)
+    variables = _load_weights(layer, weights)
+    out = keras.ops.convert_to_numpy(
+        keras.ops.cast(_forward(case, layer, dtype, inputs, masks), "float32"))
+    result = {"output": np.asarray(out, np.float32)}
+    if not gradients:
+        return result
+    cot = keras.ops.convert_to_tensor(cotangent(case, out.shape))
+    names = list(inputs)
+
+    def loss(*args):
+        tensors = dict(zip(names, args[: len(names)], strict=True))
+        y = keras.ops.cast(_forward(case, layer, dtype, tensors, masks), "float32")
+        return keras.ops.sum(y * cot)
+
+    _, grads = _device.value_and_grad(loss, [inputs[n] for n in names] + variables)
+    for name, grad in zip(names + list(weights), grads, strict=True):
+        result["grad/" + name] = np.asarray(grad, np.float32)
+    return result
+
+
+def _same_bits(a, b):
+    return set(a) == set(b) and all(
+        a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def _no_gpu_message(backend):
+    return (f"keras-attn parity: --device gpu was requested, but the {backend} backend "
+            f"sees no GPU (is the CUDA build of {backend} installed, and a GPU visible?)")
+
+
+def check_gpu():
+    """`--check-gpu`: print the device, or fail (exit status 2) without a GPU."""
+    import keras
+
+    from keras_attn import _device
+
+    backend = keras.backend.backend()
+    if not _device.gpu_available():
+        print(_no_gpu_message(backend), file=sys.stderr)
+        return NO_GPU_EXIT
+    info = _device.describe()
+    print(f"{backend} {info['backend_version']} sees {info['device']}")
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if argv == ["--check-gpu"]:
+        return check_gpu()
+    with open(argv[0]) as f:
+        request = json.load(f)
+
+    import keras
+
+    from keras_attn import _device
+    from keras_attn.parity.cases import get_cases
+
+    backend = keras.backend.backend()
+    if request["device"] == "gpu" and not _device.gpu_available():
+        print(_no_gpu_message(backend), file=sys.stderr)
+        return NO_GPU_EXIT
+    _device.disable_tf32()
+    gradients = request["gradients"] and backend != "numpy"
+    arrays = np.load(request["arrays"])
+    results, meta = {}, {"info": _device.describe(), "gradients": gradients,
+                         "deterministic": {}, "errors": {}, "seconds": {}}
+    for dtype in request["dtypes"]:
+        start = time.perf_counter()
+        for case in get_cases(request["cases"]):
+            key = f"{dtype}/{case.name}"
+            group = {g: {k.split("/", 2)[2]: arrays[k] for k in arrays.files
+                         if k.startswith(f"{case.name}/{g}/")}
+                     for g in ("inputs", "masks", "weights")}
+            # Keep the inputs in the case's declared order.
+            group["inputs"] = {n: group["inputs"][n] for n in case.shapes}
+            try:
+                runs = [run_case(case, dtype, **group, gradients=gradients)
+                        for _ in range(max(1, request.get("repeat", 2)))]
+            except Exception as error:  # recorded; the comparison reports it as FAIL
+                meta["errors"][key] = f"{type(error).__name__}: {error}"
+                continue
+            meta["deterministic"][key] = all(_same_bits(runs[0], r) for r in runs[1:])
+            for name, value in runs[0].items():
+                results[f"{key}/{name}"] = value
+        meta["seconds"][dtype] = round(time.perf_counter() - start, 3)
+    np.savez(request["results"], **results)
+    with open(request["meta"], "w") as f:
+        json.dump(meta, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
