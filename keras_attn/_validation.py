@@ -33,10 +33,23 @@ def check_dropout(name, value):
     return float(value)
 
 
+def _static_dim(d):
+    if d is None:
+        return None
+    try:
+        return int(d)
+    except Exception:  # a symbolic dim (JAX shape polymorphism, TF None-like)
+        return None
+
+
 def static_shape(x):
-    """The shape of a tensor or shape tuple as a tuple of int-or-None."""
+    """The shape of a tensor or shape tuple as a tuple of int-or-None.
+
+    Dims that are not known while tracing (JAX's symbolic batch dim when
+    Keras infers a Functional model's output spec) become None.
+    """
     shape = getattr(x, "shape", x)
-    return tuple(None if d is None else int(d) for d in shape)
+    return tuple(_static_dim(d) for d in shape)
 
 
 def check_rank(name, x, rank, layout):
