@@ -13,6 +13,7 @@ __all__ = ["main"]
 # name -> (module, one-line help)
 COMMANDS = {
     "example": ("keras_attn.example", "build a small model from these layers and print its output"),
+    "demo": ("keras_attn.demo", "train an encoder-decoder Transformer to reverse digit sequences"),
 }
 
 
