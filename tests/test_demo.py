@@ -80,6 +80,26 @@ def test_build_model_functional_shapes():
     assert not np.allclose(logits2[0, 3], logits[0, 3])
 
 
+def test_attention_scores_match_the_model_and_skip_padding():
+    from keras_attn.demo.model import attention_scores, build_model
+
+    model = build_model(VOCAB_SIZE, 5, 6, model_dim=16, num_heads=2, intermediate_dim=32,
+                        num_layers=2)
+    src = np.array([[4, 5, 6, 0, 0], [7, 8, 9, 10, 11]], "int32")
+    dec = np.array([[START, 6, 5, 4, 0, 0], [START, 11, 10, 9, 8, 7]], "int32")
+    maps = attention_scores(model, src, dec)
+    np.testing.assert_allclose(maps["logits"], np.asarray(model.predict_on_batch([src, dec])),
+                               rtol=1e-5, atol=1e-5)
+    assert [m.shape for m in maps["encoder"]] == [(2, 2, 5, 5)] * 2
+    assert [m.shape for m in maps["decoder_self"]] == [(2, 2, 6, 6)] * 2
+    assert [m.shape for m in maps["decoder_cross"]] == [(2, 2, 6, 5)] * 2
+    for cross in maps["decoder_cross"]:
+        assert np.all(cross[0, :, :, 3:] == 0)  # padded memory is never attended
+        np.testing.assert_allclose(cross[1].sum(-1), 1.0, rtol=1e-5)
+    for self_scores in maps["decoder_self"]:
+        assert np.all(np.triu(self_scores[1], k=1) == 0)  # causal
+
+
 @pytest.mark.parametrize("argv", [
     ["--task", "shuffle"], ["--epochs", "0"], ["--epochs", "two"], ["--num-train", "-5"],
     ["--learning-rate", "0"], ["--unknown"],

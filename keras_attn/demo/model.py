@@ -5,7 +5,7 @@ from keras import ops
 
 import keras_attn
 
-__all__ = ["TokenAndPositionEmbedding", "build_model"]
+__all__ = ["TokenAndPositionEmbedding", "attention_scores", "build_model"]
 
 
 @keras.saving.register_keras_serializable(package="keras_attn_demo")
@@ -105,3 +105,53 @@ def build_model(vocab_size, source_length, target_length, model_dim=64, num_head
                 y, memory=memory)
     logits = keras.layers.Dense(vocab_size, name="logits")(y)
     return keras.Model([sources, decoder_inputs], logits, name=name)
+
+
+def _numbered(model, prefix):
+    names = {layer.name for layer in model.layers}
+    count = 0
+    while f"{prefix}_{count}" in names:
+        count += 1
+    return [model.get_layer(f"{prefix}_{i}") for i in range(count)]
+
+
+def attention_scores(model, sources, decoder_inputs):
+    """Run a `build_model` model layer by layer and collect its attention.
+
+    Padding masks are passed explicitly (`0` is padding), exactly as the
+    Keras masks do inside the Functional model, so the logits returned
+    equal `model.predict_on_batch([sources, decoder_inputs])`.
+
+    Shapes: B batch, S source length, T decoder length, H heads.
+
+    Args:
+        model: a model made by `build_model`.
+        sources: int `(B, S)`.
+        decoder_inputs: int `(B, T)`.
+
+    Returns:
+        A dict of NumPy arrays: `encoder` (a list, one `(B, H, S, S)` per
+        encoder layer), `decoder_self` (a list of `(B, H, T, T)`),
+        `decoder_cross` (a list of `(B, H, T, S)`) and `logits`
+        `(B, T, vocab_size)`.
+    """
+    sources = ops.convert_to_tensor(sources, "int32")
+    decoder_inputs = ops.convert_to_tensor(decoder_inputs, "int32")
+    source_mask = ops.not_equal(sources, 0)
+    target_mask = ops.not_equal(decoder_inputs, 0)
+    result = {"encoder": [], "decoder_self": [], "decoder_cross": []}
+
+    x = model.get_layer("source_embedding")(sources)
+    for layer in _numbered(model, "encoder"):
+        x, scores = layer(x, padding_mask=source_mask, return_attention_scores=True)
+        result["encoder"].append(ops.convert_to_numpy(scores))
+    memory = x
+    y = model.get_layer("target_embedding")(decoder_inputs)
+    for layer in _numbered(model, "decoder"):
+        y, self_scores, cross_scores = layer(
+            y, memory=memory, padding_mask=target_mask, memory_padding_mask=source_mask,
+            return_attention_scores=True)
+        result["decoder_self"].append(ops.convert_to_numpy(self_scores))
+        result["decoder_cross"].append(ops.convert_to_numpy(cross_scores))
+    result["logits"] = ops.convert_to_numpy(model.get_layer("logits")(y))
+    return result
