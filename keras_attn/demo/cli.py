@@ -90,7 +90,7 @@ def run(args):
     from keras_attn import _device
     from keras_attn.demo.data import VOCAB_SIZE, decode_tokens, make_split
     from keras_attn.demo.decode import exact_match, greedy_decode
-    from keras_attn.demo.model import build_model
+    from keras_attn.demo.model import build_model, compile_for_training
 
     start = time.perf_counter()
     info = _device.describe()
@@ -114,14 +114,7 @@ def run(args):
                         model_dim=args.model_dim, intermediate_dim=2 * args.model_dim,
                         num_heads=4, num_layers=args.num_layers, name=f"{args.task}_transformer")
     steps = args.epochs * -(-len(train[0]) // args.batch_size)
-    schedule = keras.optimizers.schedules.CosineDecay(
-        0.0, decay_steps=max(1, steps - steps // 10), alpha=0.02,
-        warmup_target=args.learning_rate, warmup_steps=steps // 10)
-    model.compile(
-        optimizer=keras.optimizers.Adam(schedule),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
-        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="token_accuracy")],
-    )
+    compile_for_training(model, steps, args.learning_rate)
     print(f"model: {args.num_layers} encoder + {args.num_layers} decoder layers, "
           f"width {args.model_dim}, 4 heads, {model.count_params():,} parameters")
 

@@ -5,7 +5,7 @@ from keras import ops
 
 import keras_attn
 
-__all__ = ["TokenAndPositionEmbedding", "attention_scores", "build_model"]
+__all__ = ["TokenAndPositionEmbedding", "attention_scores", "build_model", "compile_for_training"]
 
 
 @keras.saving.register_keras_serializable(package="keras_attn_demo")
@@ -105,6 +105,28 @@ def build_model(vocab_size, source_length, target_length, model_dim=64, num_head
                 y, memory=memory)
     logits = keras.layers.Dense(vocab_size, name="logits")(y)
     return keras.Model([sources, decoder_inputs], logits, name=name)
+
+
+def compile_for_training(model, total_steps, learning_rate=3e-3):
+    """Adam with linear warm-up then cosine decay; padding-blind loss and accuracy.
+
+    Fit with `sample_weight = (targets != 0)` so that the weighted token
+    accuracy counts real tokens only (the loss ignores id 0 either way).
+
+    Args:
+        model: a model made by `build_model`.
+        total_steps: optimizer steps the training will take.
+        learning_rate: peak learning rate, reached after 10% of the steps.
+    """
+    warmup = total_steps // 10
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=max(1, total_steps - warmup), alpha=0.02,
+        warmup_target=learning_rate, warmup_steps=warmup)
+    model.compile(
+        optimizer=keras.optimizers.Adam(schedule),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="token_accuracy")],
+    )
 
 
 def _numbered(model, prefix):
