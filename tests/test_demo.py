@@ -102,7 +102,7 @@ def test_attention_scores_match_the_model_and_skip_padding():
 
 @pytest.mark.parametrize("argv", [
     ["--task", "shuffle"], ["--epochs", "0"], ["--epochs", "two"], ["--num-train", "-5"],
-    ["--learning-rate", "0"], ["--unknown"],
+    ["--learning-rate", "0"], ["--model-dim", "30"], ["--unknown"],
 ])
 def test_bad_options_are_argparse_errors(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:

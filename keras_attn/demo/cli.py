@@ -23,6 +23,14 @@ def _positive_int(text):
     return value
 
 
+def _model_dim(text):
+    value = _positive_int(text)
+    if value % 4:
+        raise argparse.ArgumentTypeError(
+            f"expected a multiple of 4 (the number of heads), got {text!r}")
+    return value
+
+
 def _positive_float(text):
     try:
         value = float(text)
@@ -48,7 +56,7 @@ def add_arguments(parser):
                         help="held-out sequences, never seen in training (default: 1000)")
     parser.add_argument("--max-length", type=_positive_int, default=10,
                         help="longest sequence; lengths vary from 2 (default: 10)")
-    parser.add_argument("--model-dim", type=_positive_int, default=64,
+    parser.add_argument("--model-dim", type=_model_dim, default=64,
                         help="model width, a multiple of the 4 heads (default: 64)")
     parser.add_argument("--num-layers", type=_positive_int, default=2,
                         help="encoder layers, and as many decoder layers (default: 2)")
@@ -78,8 +86,6 @@ def _fail(message):
 
 def run(args):
     """Train, evaluate, save, reload and compare; 0 on success."""
-    if args.model_dim % 4:
-        return _fail(f"--model-dim must be a multiple of 4 (the heads); got {args.model_dim}")
     min_length = min(2, args.max_length)
     problem = _output_problem(args.output)
     if problem:
