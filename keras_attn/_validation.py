@@ -43,7 +43,11 @@ def _static_dim(d):
 
 
 def static_shape(x):
-    """The shape of a tensor or shape tuple as a tuple of int-or-None."""
+    """The shape of a tensor or shape tuple as a tuple of int-or-None.
+
+    Dims that are not known while tracing (JAX's symbolic batch dim when
+    Keras infers a Functional model's output spec) become None.
+    """
     shape = getattr(x, "shape", x)
     return tuple(_static_dim(d) for d in shape)
 
