@@ -145,7 +145,22 @@ def test_bad_list_arguments_name_the_argument():
 
     with pytest.raises(argparse.ArgumentTypeError, match="--dtypes .* Received: 'float64'"):
         _list("dtypes", tuple(TOLERANCES))("float64")
-    assert "numpy" in installed_backends()
+
+
+@pytest.mark.parametrize("missing, expected", [
+    ((), ["tensorflow", "jax", "torch", "numpy"]),
+    # Keras's NumPy backend imports jax and scipy: without either it cannot run.
+    (("jax",), ["tensorflow", "torch"]),
+    (("scipy",), ["tensorflow", "jax", "torch"]),
+    (("jax", "tensorflow"), ["torch"]),
+])
+def test_installed_backends_counts_numpy_only_with_jax_and_scipy(monkeypatch, missing,
+                                                                 expected):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in missing else object())
+    assert installed_backends() == expected
 
 
 def _cli(*args, timeout=120):

@@ -27,9 +27,16 @@ BACKENDS = ("tensorflow", "jax", "torch", "numpy")
 TRAINABLE = ("tensorflow", "jax", "torch")
 
 
+# Keras's NumPy backend imports jax and scipy (keras declares neither): without
+# them it cannot start, so numpy counts as installed only when both are there.
+REQUIRES = {"tensorflow": ("tensorflow",), "jax": ("jax",), "torch": ("torch",),
+            "numpy": ("jax", "scipy")}
+
+
 def installed_backends():
-    """The backends whose package is importable (numpy always is)."""
-    return [b for b in BACKENDS if b == "numpy" or importlib.util.find_spec(b) is not None]
+    """The backends whose packages are importable (numpy needs jax and scipy)."""
+    return [b for b in BACKENDS
+            if all(importlib.util.find_spec(m) is not None for m in REQUIRES[b])]
 
 
 def _list(kind, choices):
