@@ -4,11 +4,14 @@ Keras imports TensorFlow on every backend when it is installed (for its
 random seeds and data utilities), and TensorFlow then prints its oneDNN
 and CPU-feature notices on stderr. The command's output should be its own,
 so when this process is the `keras-attn` command (or `python -m
-keras_attn`), and only then, this sets `TF_CPP_MIN_LOG_LEVEL=2` and
-`TF_ENABLE_ONEDNN_OPTS=0` unless the user chose them (TensorFlow >= 2.20
-prints the oneDNN notice whatever the log level). A user's own program
-keeps its settings. Imported first by `keras_attn/__init__.py`, because it
-must run before `keras` is imported.
+keras_attn`), and only then, this sets `TF_CPP_MIN_LOG_LEVEL=2` unless the
+user chose it. A user's own program keeps its settings. It deliberately
+leaves `TF_ENABLE_ONEDNN_OPTS` alone, although TensorFlow >= 2.20 prints its
+one-line oneDNN notice whatever the log level: turning oneDNN off changes
+TensorFlow's numerics (its bfloat16 kernels most), and the parity workers
+inherit this environment, so the command must run TensorFlow as users do.
+Imported first by `keras_attn/__init__.py`, because it must run before
+`keras` is imported.
 """
 
 import os
@@ -25,4 +28,3 @@ def invoked_as_cli():
 
 if invoked_as_cli():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")

@@ -18,7 +18,12 @@ TOLERANCES = {
     "float32": {"atol": 1e-5, "rtol": 1e-5},
     # Mixed precision: ~3 significant digits (float16), ~2 (bfloat16).
     "float16": {"atol": 1e-2, "rtol": 1e-2},
-    "bfloat16": {"atol": 5e-2, "rtol": 5e-2},
+    # bfloat16 keeps 8 significant bits (unit roundoff 2^-8 = 3.9e-3); the
+    # parity cases' outputs reach ~20, so a few roundings cost ~0.1. Measured
+    # worst output error: 8.9e-2 (TensorFlow with TF_ENABLE_ONEDNN_OPTS=0,
+    # pre-LN decoder with cross-attention, against the float64 reference),
+    # which failed the earlier atol of 5e-2; with oneDNN on it passed that.
+    "bfloat16": {"atol": 1.5e-1, "rtol": 5e-2},
 }
 
 QUANTITIES = ("output", "gradient")
