@@ -187,7 +187,8 @@ def test_gradients_match_reference_with_fully_masked_row():
     probe = randn(g, 3, 3)  # loss = sum(output * probe)
 
     def loss(q_, k_, v_):
-        return keras.ops.sum(sdpa(q_, k_, v_, mask=mask, is_causal=True) * probe)
+        out = sdpa(q_, k_, v_, mask=mask, is_causal=True)
+        return keras.ops.sum(out * keras.ops.convert_to_tensor(probe))
 
     value, grads = _device.value_and_grad(loss, [q, k, v])
     for grad in grads:
