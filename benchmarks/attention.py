@@ -21,10 +21,15 @@ subprocess so that its peak memory (the RSS high-water mark from
 
 Times are medians of `predict_on_batch` (compiled forward) and
 `train_on_batch` (one SGD step; `jit_compile=True` on JAX and TensorFlow).
-The float32 GEMM throughput of the backend is measured in the same run (a
-2048^3 matmul) and each time is also reported as the fraction of that
-throughput it achieves (useful FLOPs: projections plus the causal half of
-the attention matmuls; a train step counts 3x the forward FLOPs).
+Where several contenders run at a size (up to `--interleave-max-t`), their
+times come from one extra process that builds all of them and times them in
+turn (A B C A B C ...), so that machine noise hits them alike; the table's
+"alone ms" column is the time measured in the contender's own process (the
+one whose peak RSS is reported). The float32 GEMM throughput of the
+backend is measured in the same run (a 2048^3 matmul) and each time is
+also reported as the fraction of that throughput it achieves (useful
+FLOPs: projections plus the causal half of the attention matmuls; a train
+step counts 3x the forward FLOPs).
 
 Configurations whose materialised `T x S` scores would need more than
 `--mem-limit-gib` are skipped and reported as such.
@@ -137,13 +142,13 @@ def _gemm_worker(repeats):
     return {"gemm_gflops": 2 * n**3 / median / 1e9}
 
 
-def _model_worker(contender, mode, B, T, D, H, repeats, budget_s):
+def _build(contender, mode, B, T, D, H):
+    """A compiled model for one contender and a `run()` doing one step."""
     import keras
     import numpy as np
 
     import keras_attn
 
-    rss_base = _rss_gib()
     backend = keras.backend.backend()
     inputs = keras.Input((T, D), batch_size=B)
     if contender == "keras_attn":
@@ -165,6 +170,30 @@ def _model_worker(contender, mode, B, T, D, H, repeats, budget_s):
         else:
             model.train_on_batch(x, y)
 
+    return run
+
+
+def _interleaved_worker(contenders, mode, B, T, D, H, repeats):
+    """All contenders in one process, timed in turn (A B C A B C ...)."""
+    runs = {c: _build(c, mode, B, T, D, H) for c in contenders}
+    for run in runs.values():
+        run()  # compile / warm up
+        run()
+    times = {c: [] for c in contenders}
+    for _ in range(repeats):
+        for c, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[c].append(time.perf_counter() - start)
+    return {"median_s": {c: statistics.median(t) for c, t in times.items()},
+            "runs": repeats}
+
+
+def _model_worker(contender, mode, B, T, D, H, repeats, budget_s):
+    import keras_attn  # noqa: F401  (the baseline includes Keras and the backend)
+
+    rss_base = _rss_gib()
+    run = _build(contender, mode, B, T, D, H)
     start = time.perf_counter()
     run()  # compile / warm up
     first = time.perf_counter() - start
@@ -183,6 +212,9 @@ def worker(spec):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if spec["kind"] == "gemm":
         result = _gemm_worker(spec["repeats"])
+    elif spec["kind"] == "interleaved":
+        result = _interleaved_worker(spec["contenders"], spec["mode"], *spec["size"],
+                                     spec["repeats"])
     else:
         result = _model_worker(spec["contender"], spec["mode"], *spec["size"],
                                spec["repeats"], spec["budget_s"])
@@ -237,6 +269,8 @@ def main(argv=None):
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--mem-limit-gib", type=float, default=12.0)
     parser.add_argument("--train-max-t", type=int, default=4096)
+    parser.add_argument("--interleave-max-t", type=int, default=4096,
+                        help="time contenders interleaved in one process up to this T")
     parser.add_argument("--timeout-s", type=int, default=900, help="per configuration")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--backend", default=None,
@@ -268,6 +302,16 @@ def main(argv=None):
     rows = []
     for size in sizes:
         for mode in modes:
+            runnable = [c for c in contenders if not _skip_reason(
+                backend, c, mode, size, args.mem_limit_gib, args.train_max_t)]
+            together = {}
+            if len(runnable) > 1 and size[1] <= args.interleave_max_t:
+                label = f"{'x'.join(map(str, size))} {mode:7s} interleaved {'/'.join(runnable)}"
+                together = _spawn({"kind": "interleaved", "contenders": runnable, "mode": mode,
+                                   "size": list(size), "repeats": repeats}, args.timeout_s)
+                status = together.get("error") or ", ".join(
+                    f"{c} {t * 1e3:.1f} ms" for c, t in together["median_s"].items())
+                print(f"{label}: {status}", flush=True)
             for contender in contenders:
                 label = f"{'x'.join(map(str, size))} {mode:7s} {contender:10s}"
                 reason = _skip_reason(backend, contender, mode, size, args.mem_limit_gib,
@@ -284,6 +328,10 @@ def main(argv=None):
                         f"{result['median_s'] * 1e3:.1f} ms, peak {result['rss_peak_gib']:.2f} GiB")
                     print(f"\r{label} {status}" if sys.stdout.isatty() else f"{label} {status}",
                           flush=True)
+                if contender in together.get("median_s", {}):
+                    result["alone_median_s"] = result.get("median_s")
+                    result["median_s"] = together["median_s"][contender]
+                    result["interleaved"] = True
                 rows.append({"size": size, "mode": mode, "contender": contender, **result})
 
     print()
@@ -298,15 +346,15 @@ def table(rows, gflops, backend):
     """Markdown table: time, ratio vs keras's layer, GEMM fraction, peak RSS."""
     lines = [f"backend **{backend}**, float32 GEMM {_fmt(gflops, '{:.1f}')} GFLOP/s", "",
              "| B x T x D x H | step | contender | median ms | / keras | GEMM frac. "
-             "| peak RSS GiB |",
-             "|---|---|---|---:|---:|---:|---:|"]
+             "| alone ms | peak RSS GiB | RSS after import GiB |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     by_key = {(tuple(r["size"]), r["mode"], r["contender"]): r for r in rows}
     for r in rows:
         size, mode = tuple(r["size"]), r["mode"]
         name = "x".join(map(str, size))
         if "median_s" not in r:
             why = r.get("skipped") or r.get("error")
-            lines.append(f"| {name} | {mode} | {r['contender']} | n/a: {why} | | | |")
+            lines.append(f"| {name} | {mode} | {r['contender']} | n/a: {why} | | | | | |")
             continue
         ref = by_key.get((size, mode, "keras"), {})
         ratio = r["median_s"] / ref["median_s"] if "median_s" in ref else None
@@ -314,7 +362,8 @@ def table(rows, gflops, backend):
         frac = flops / r["median_s"] / 1e9 / gflops if gflops else None
         lines.append(f"| {name} | {mode} | {r['contender']} | {r['median_s'] * 1e3:.1f} | "
                      f"{_fmt(ratio, '{:.2f}')} | {_fmt(frac, '{:.2f}')} | "
-                     f"{r['rss_peak_gib']:.2f} |")
+                     f"{_fmt(r.get('alone_median_s', r['median_s']) * 1e3, '{:.1f}')} | "
+                     f"{r['rss_peak_gib']:.2f} | {r['rss_base_gib']:.2f} |")
     return "\n".join(lines)
 
 
