@@ -159,10 +159,40 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_dense.build(query_shape[:-1] + (H * d_v,))
         self.built = True
 
-    def _heads_last(self, x, head_dim):
-        """(B, L, H * d) -> (B, L, H, d): a reshape, no copy."""
-        B, L = ops.shape(x)[0], ops.shape(x)[1]
-        return ops.reshape(x, (B, L, self.num_heads, head_dim))
+    @staticmethod
+    def _plain(dense):
+        """Whether `dense` computes `x @ kernel + bias` (no LoRA, no quantization)."""
+        return not getattr(dense, "lora_enabled", False) and not getattr(
+            dense, "quantization_mode", None)
+
+    def _project_heads(self, dense, x, head_dim):
+        """`dense(x)` as `(B, L, H, d)`.
+
+        One einsum into the heads layout (as Keras's own MHA does with
+        `EinsumDense`), reading the `Dense` kernel `(in, H * d)` as
+        `(in, H, d)` (a free reshape). This measured faster than `Dense` +
+        reshape in JAX's compiled train step; the weights are the same.
+        """
+        if not self._plain(dense):
+            y = dense(x)
+            return ops.reshape(y, (ops.shape(y)[0], ops.shape(y)[1], self.num_heads, head_dim))
+        kernel = ops.reshape(dense.kernel, (dense.kernel.shape[0], self.num_heads, head_dim))
+        y = ops.einsum("bli,ihd->blhd", x, kernel)
+        if dense.bias is not None:
+            y = y + ops.reshape(dense.bias, (self.num_heads, head_dim))
+        return y
+
+    def _project_output(self, attended):
+        """`output_dense` applied to `(B, T, H, d_v)`, contracting heads and width."""
+        dense = self.output_dense
+        if not self._plain(dense):
+            B, T = ops.shape(attended)[0], ops.shape(attended)[1]
+            return dense(ops.reshape(attended, (B, T, self.num_heads * self.head_value_dim)))
+        kernel = ops.reshape(dense.kernel, (self.num_heads, self.head_value_dim, -1))
+        y = ops.einsum("bthd,hdo->bto", attended, kernel)
+        if dense.bias is not None:
+            y = y + dense.bias
+        return y
 
     def _attention_mask(self, query, key, attention_mask, key_padding):
         """Merge the explicit mask and the key padding into `(B, H|1, T, S)`."""
@@ -225,9 +255,9 @@ class MultiHeadAttention(keras.layers.Layer):
             has_bias=False, is_causal=use_causal_mask, needs_weights=needs_weights,
             symbolic=isinstance(query, keras.KerasTensor))
 
-        q = self._heads_last(self.query_dense(query), d_k)  # (B, T, H, d_k)
-        k = self._heads_last(self.key_dense(key), d_k)  # (B, S, H, d_k)
-        v = self._heads_last(self.value_dense(value), d_v)  # (B, S, H, d_v)
+        q = self._project_heads(self.query_dense, query, d_k)  # (B, T, H, d_k)
+        k = self._project_heads(self.key_dense, key, d_k)  # (B, S, H, d_k)
+        v = self._project_heads(self.value_dense, value, d_v)  # (B, S, H, d_v)
         scores = None
         if path == "fused":
             # Keras's (B, T, H, d) layout: no transposes on our side.
@@ -249,9 +279,7 @@ class MultiHeadAttention(keras.layers.Layer):
             if return_attention_scores:
                 attended, scores = attended
             attended = ops.transpose(attended, (0, 2, 1, 3))  # (B, T, H, d_v)
-        B, T = ops.shape(attended)[0], ops.shape(attended)[1]
-        attended = ops.reshape(attended, (B, T, H * d_v))  # (B, T, H * d_v)
-        output = self.output_dense(attended)  # (B, T, output_dim)
+        output = self._project_output(attended)  # (B, T, output_dim)
         if return_attention_scores:
             return output, scores
         return output
