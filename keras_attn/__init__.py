@@ -4,7 +4,7 @@ They run unchanged on the TensorFlow, JAX and PyTorch backends of Keras 3
 (and on the NumPy backend for inference), chosen by `KERAS_BACKEND`.
 """
 
-from keras_attn import _quiet  # noqa: F401  (first: must run before keras is imported)
+from keras_attn import config
 from keras_attn.attention import (
     causal_mask,
     combine_masks,
@@ -27,6 +27,7 @@ __all__ = [
     "TransformerEncoderLayer",
     "causal_mask",
     "combine_masks",
+    "config",
     "padding_mask",
     "scaled_dot_product_attention",
 ]

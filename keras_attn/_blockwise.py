@@ -1,0 +1,391 @@
+"""Blockwise, memory-efficient attention with an online softmax, in `keras.ops`.
+
+The algorithm is FlashAttention's (Dao et al., 2022; Rabe & Staats, 2021),
+written with Keras's backend-agnostic control flow so that it runs on every
+backend:
+
+Forward. Queries are cut into blocks of `bq` rows and keys/values into blocks
+of `bk` columns. An outer `keras.ops.map` walks the query blocks; for each,
+an inner `keras.ops.fori_loop` walks the key blocks keeping, per query row,
+the running maximum `m` of the logits, the running sum `l` of
+`exp(logit - m)` and the running weighted sum `acc` of the values; when the
+maximum grows, `l` and `acc` are rescaled by `exp(m_old - m_new)`. The output
+row is `acc / l`, and `lse = m + log(l)` (the log of the softmax
+denominator) is kept, one float per query row. With `is_causal`, the inner
+loop stops at the last key block that any row of the query block may see,
+so the key blocks above the diagonal (fully masked) are never computed; the
+bound depends on the query block, so it is a dynamic loop bound (a
+`while_loop` on JAX and TensorFlow, a Python loop on PyTorch).
+
+Memory. At any time one step holds `(..., bq, bk)` scores plus the
+`(..., bq, d_v)` accumulators: linear in the sequence length for a fixed
+block size. Nothing of size `T x S` is ever formed (unless the caller passes
+a `T x S` mask or bias, which is then only read block by block).
+
+Backward. A loop cannot be differentiated by storing its intermediates
+without storing every block of scores again (`jax.lax.scan`'s and
+TensorFlow's loop gradients keep the per-iteration residuals, i.e. `T x S`
+probabilities in total, and a dynamic-bound `while_loop` is not
+reverse-differentiable on JAX at all). So the function carries a custom
+gradient (`keras.ops.custom_gradient`) that keeps only `q, k, v, bias, out`
+and `lse` (linear memory) and recomputes the scores block by block:
+`p = exp(s - lse)`, `dv += pᵀ do`, `ds = p * (do vᵀ - rowsum(do * out))`,
+`dk += dsᵀ q * scale`, `dq += ds k * scale`, `dbias = ds`. Two passes avoid
+scatter-updates of a shared buffer (which would copy it on PyTorch): one map
+over key blocks accumulates `dk` and `dv`, one map over query blocks
+accumulates `dq` (and emits `dbias` tiles when there is a bias). The
+backward pass therefore also needs memory linear in the sequence length,
+plus the size of `bias` for its gradient.
+
+Fully masked rows give a zero output row (`l == 0`) and zero, finite
+gradients.
+"""
+
+import keras
+from keras import ops
+
+__all__ = ["blockwise_attention"]
+
+_NEG_INF = float("-inf")
+
+
+def _pad_axis(x, axis, amount, value=0):
+    if amount == 0:
+        return x
+    widths = [[0, 0] for _ in range(len(x.shape))]
+    widths[axis][1] = amount
+    return ops.pad(x, widths, constant_values=value)
+
+
+def _to_rank(x, rank):
+    while len(x.shape) < rank:
+        x = ops.expand_dims(x, 0)
+    return x
+
+
+def _sum_to(x, shape):
+    """Sum `x` over the axes where `shape` (static) has size 1."""
+    for axis, size in enumerate(shape):
+        if size == 1 and x.shape[axis] != 1:
+            x = ops.sum(x, axis=axis, keepdims=True)
+    return x
+
+
+class _Blocks:
+    """Static geometry of one blockwise call and the block-slicing helpers."""
+
+    def __init__(self, T, S, block_size, is_causal, lead):
+        self.T, self.S = T, S
+        self.bq, self.bk = min(block_size, T), min(block_size, S)
+        self.nq = -(-T // self.bq)
+        self.nk = -(-S // self.bk)
+        self.Tp, self.Sp = self.nq * self.bq, self.nk * self.bk
+        self.is_causal = is_causal
+        self.offset = S - T  # query i may see key j iff j <= i + offset
+        self.lead = lead  # leading dims (ints or scalar tensors)
+
+    def key_hi(self, i):
+        """One past the last key block that query block `i` may see."""
+        if not self.is_causal:
+            return self.nk
+        # last visible column of the block's last row: (i + 1) * bq - 1 + offset
+        hi = ((i + 1) * self.bq + self.offset + self.bk - 1) // self.bk
+        return ops.clip(hi, 0, self.nk)
+
+    def query_lo(self, j):
+        """The first query block that may see key block `j`."""
+        if not self.is_causal:
+            return 0
+        lo = (j * self.bk - self.offset) // self.bq
+        return ops.clip(lo, 0, self.nq)
+
+    def rows(self, x, i):
+        """Rows `[i*bq, (i+1)*bq)` of `x` of shape `(..., Tp, w)`."""
+        n = len(x.shape)
+        return ops.slice(x, [0] * (n - 2) + [i * self.bq, 0],
+                         list(self.lead) + [self.bq, x.shape[-1]])
+
+    def cols(self, x, j):
+        """Rows `[j*bk, (j+1)*bk)` of `x` of shape `(..., Sp, w)`."""
+        n = len(x.shape)
+        return ops.slice(x, [0] * (n - 2) + [j * self.bk, 0],
+                         list(self.lead) + [self.bk, x.shape[-1]])
+
+    def tile(self, x, i, j):
+        """Block `(i, j)` of a mask or bias `(..., Tp|1, Sp|1)`."""
+        n = len(x.shape)
+        t_full, s_full = x.shape[-2] != 1, x.shape[-1] != 1
+        start = [0] * (n - 2) + [i * self.bq if t_full else 0, j * self.bk if s_full else 0]
+        size = list(ops.shape(x)[:-2]) + [self.bq if t_full else 1, self.bk if s_full else 1]
+        return ops.slice(x, start, size)
+
+    def allowed(self, mask, i, j):
+        """Bool `(..., bq|1, bk|1)` of the keys query block `i` may see in key block `j`."""
+        allowed = None
+        if self.is_causal or self.Sp != self.S:
+            cols = j * self.bk + ops.arange(self.bk, dtype="int32")[None, :]  # (1, bk)
+            if self.is_causal:
+                rows = i * self.bq + ops.arange(self.bq, dtype="int32")[:, None]
+                allowed = ops.less_equal(cols, rows + self.offset)  # (bq, bk)
+            if self.Sp != self.S:
+                valid = ops.less(cols, self.S)  # padded keys
+                allowed = valid if allowed is None else ops.logical_and(allowed, valid)
+        if mask is not None:
+            tile = ops.greater(self.tile(mask, i, j), 0)
+            allowed = tile if allowed is None else ops.logical_and(allowed, tile)
+        return allowed
+
+    def logits(self, q_i, k_j, bias, mask, i, j, scale):
+        s = ops.matmul(q_i, ops.swapaxes(k_j, -1, -2)) * scale  # (..., bq, bk)
+        if bias is not None:
+            s = s + self.tile(bias, i, j)
+        allowed = self.allowed(mask, i, j)
+        return s, allowed
+
+
+def _q_blocks(x, g):
+    """`(..., Tp, w)` -> `(nq, ..., bq, w)`, the xs of a scan over query blocks."""
+    n = len(x.shape)
+    x = ops.reshape(x, list(g.lead) + [g.nq, g.bq, x.shape[-1]])
+    return ops.moveaxis(x, n - 2, 0)
+
+
+def _from_q_blocks(x, g):
+    """`(nq, ..., bq, w)` -> `(..., Tp, w)`."""
+    x = ops.moveaxis(x, 0, len(x.shape) - 3)
+    return ops.reshape(x, list(g.lead) + [g.Tp, x.shape[-1]])
+
+
+def _k_blocks(x, g):
+    n = len(x.shape)
+    x = ops.reshape(x, list(g.lead) + [g.nk, g.bk, x.shape[-1]])
+    return ops.moveaxis(x, n - 2, 0)
+
+
+def _from_k_blocks(x, g):
+    x = ops.moveaxis(x, 0, len(x.shape) - 3)
+    return ops.reshape(x, list(g.lead) + [g.Sp, x.shape[-1]])
+
+
+def _forward(q, k, v, bias, mask, g, scale):
+    """Output `(..., Tp, d_v)` and `lse` `(..., Tp, 1)`, in the dtype of `q`."""
+    dtype = q.dtype
+    d_v = v.shape[-1]
+
+    def q_step(xs):
+        i, q_i = xs
+
+        def kv_step(j, state):
+            m, total, acc = state
+            s, allowed = g.logits(q_i, g.cols(k, j), bias, mask, i, j, scale)
+            if allowed is not None:
+                s = ops.where(allowed, s, _NEG_INF)
+            m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
+            m_safe = ops.where(ops.isfinite(m_new), m_new, ops.zeros_like(m_new))
+            p = ops.exp(s - m_safe)
+            correction = ops.exp(m - m_safe)
+            total = total * correction + ops.sum(p, axis=-1, keepdims=True)
+            acc = acc * correction + ops.matmul(p, g.cols(v, j))
+            return m_new, total, acc
+
+        m0 = ops.full(list(g.lead) + [g.bq, 1], _NEG_INF, dtype=dtype)
+        l0 = ops.zeros(list(g.lead) + [g.bq, 1], dtype=dtype)
+        acc0 = ops.zeros(list(g.lead) + [g.bq, d_v], dtype=dtype)
+        m, total, acc = ops.fori_loop(0, g.key_hi(i), kv_step, (m0, l0, acc0))
+        has_key = total > 0
+        safe_l = ops.where(has_key, total, ops.ones_like(total))
+        m_safe = ops.where(ops.isfinite(m), m, ops.zeros_like(m))
+        out_i = acc / safe_l
+        lse_i = ops.where(has_key, m_safe + ops.log(safe_l), ops.zeros_like(total))
+        return out_i, lse_i
+
+    steps = ops.arange(g.nq, dtype="int32")
+    out, lse = ops.map(q_step, (steps, _q_blocks(q, g)))
+    return _from_q_blocks(out, g), _from_q_blocks(lse, g)
+
+
+def _backward(q, k, v, bias, mask, g, scale, out, lse, d_out):
+    """Gradients of `sum(out * d_out)` w.r.t. q, k, v (and bias), recomputing scores."""
+    dtype = q.dtype
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    delta = ops.sum(d_out * out, axis=-1, keepdims=True)  # (..., Tp, 1)
+
+    def probabilities(q_i, k_j, lse_i, i, j):
+        s, allowed = g.logits(q_i, k_j, bias, mask, i, j, scale)
+        p = ops.exp(s - lse_i)
+        if allowed is not None:
+            p = ops.where(allowed, p, ops.zeros_like(p))
+        return p
+
+    # Pass 1: dk, dv of each key block, over the query blocks that see it.
+    def k_step(xs):
+        j, k_j, v_j = xs
+
+        def q_inner(i, state):
+            dk, dv = state
+            q_i, do_i = g.rows(q, i), g.rows(d_out, i)
+            p = probabilities(q_i, k_j, g.rows(lse, i), i, j)
+            dv = dv + ops.matmul(ops.swapaxes(p, -1, -2), do_i)
+            dp = ops.matmul(do_i, ops.swapaxes(v_j, -1, -2))
+            ds = p * (dp - g.rows(delta, i))
+            dk = dk + ops.matmul(ops.swapaxes(ds, -1, -2), q_i) * scale
+            return dk, dv
+
+        init = (ops.zeros(list(g.lead) + [g.bk, d_k], dtype),
+                ops.zeros(list(g.lead) + [g.bk, d_v], dtype))
+        return ops.fori_loop(g.query_lo(j), g.nq, q_inner, init)
+
+    steps = ops.arange(g.nk, dtype="int32")
+    dk, dv = ops.map(k_step, (steps, _k_blocks(k, g), _k_blocks(v, g)))
+    dk, dv = _from_k_blocks(dk, g), _from_k_blocks(dv, g)
+
+    # Pass 2: dq of each query block (and the bias gradient, tile by tile).
+    def ds_block(q_i, do_i, lse_i, delta_i, i, j):
+        k_j = g.cols(k, j)
+        p = probabilities(q_i, k_j, lse_i, i, j)
+        dp = ops.matmul(do_i, ops.swapaxes(g.cols(v, j), -1, -2))
+        return p * (dp - delta_i), k_j
+
+    if bias is not None:
+        t_full, s_full = bias.shape[-2] != 1, bias.shape[-1] != 1
+        tile_shape = tuple(bias.shape[:-2]) + (g.bq if t_full else 1, g.bk if s_full else 1)
+
+    def q_step(xs):
+        i, q_i, do_i, lse_i, delta_i = xs
+        dq0 = ops.zeros(list(g.lead) + [g.bq, d_k], dtype)
+        if bias is None:
+            def k_inner(j, dq):
+                ds, k_j = ds_block(q_i, do_i, lse_i, delta_i, i, j)
+                return dq + ops.matmul(ds, k_j) * scale
+            return ops.fori_loop(0, g.key_hi(i), k_inner, dq0)
+
+        hi = g.key_hi(i)
+
+        # With a bias, each key block also yields a bias-gradient tile, so the
+        # key blocks are mapped (a static count; blocks above the causal
+        # diagonal are skipped by `cond`) and the dq contributions summed.
+        def k_block(j):
+            def compute():
+                ds, k_j = ds_block(q_i, do_i, lse_i, delta_i, i, j)
+                return ops.matmul(ds, k_j) * scale, _sum_to(ds, tile_shape)
+
+            def skip():  # a causal block above the diagonal: nothing to do
+                return dq0, ops.zeros(tile_shape, dtype)
+
+            return ops.cond(j < hi, compute, skip)
+
+        dq, d_bias = ops.map(k_block, ops.arange(g.nk, dtype="int32"))
+        dq = ops.sum(dq, axis=0)
+        # d_bias: (nk, ..., bq|1, bk|1) -> (..., bq|1, Sp|1)
+        if s_full:
+            d_bias = ops.moveaxis(d_bias, 0, len(d_bias.shape) - 2)
+            d_bias = ops.reshape(d_bias, tuple(bias.shape[:-2]) + (tile_shape[-2], g.Sp))
+        else:
+            d_bias = ops.sum(d_bias, axis=0)
+        return dq, d_bias
+
+    steps = ops.arange(g.nq, dtype="int32")
+    xs = (steps, _q_blocks(q, g), _q_blocks(d_out, g), _q_blocks(lse, g), _q_blocks(delta, g))
+    result = ops.map(q_step, xs)
+    if bias is None:
+        return _from_q_blocks(result, g), dk, dv, None
+    dq, d_bias = result
+    # d_bias: (nq, ..., bq|1, Sp|1) -> (..., Tp|1, Sp|1)
+    if t_full:
+        d_bias = ops.moveaxis(d_bias, 0, len(d_bias.shape) - 3)
+        d_bias = ops.reshape(d_bias, tuple(bias.shape[:-2]) + (g.Tp, d_bias.shape[-1]))
+    else:
+        d_bias = ops.sum(d_bias, axis=0)
+    return _from_q_blocks(dq, g), dk, dv, d_bias
+
+
+def _attention_fn(mask, g, scale, has_bias):
+    """`f(q, k, v[, bias]) -> out` with the recomputing custom gradient."""
+
+    def forward(q, k, v, *maybe_bias):
+        bias = maybe_bias[0] if has_bias else None
+        return _forward(q, k, v, bias, mask, g, scale)
+
+    if keras.backend.backend() == "numpy":  # inference only: no gradient to define
+        return lambda *args: forward(*args)[0]
+
+    @ops.custom_gradient
+    def attend(q, k, v, *maybe_bias):
+        bias = maybe_bias[0] if has_bias else None
+        out, lse = forward(q, k, v, *maybe_bias)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            dq, dk, dv, d_bias = _backward(q, k, v, bias, mask, g, scale, out, lse, upstream)
+            return (dq, dk, dv, d_bias) if has_bias else (dq, dk, dv)
+
+        return out, grad
+
+    return attend
+
+
+def broadcast_lead(tensors):
+    """Broadcast the leading dims (all but the last two) of q, k, v to one shape."""
+    shapes = [tuple(t.shape[:-2]) for t in tensors]
+    if all(s == shapes[0] for s in shapes) and None not in shapes[0]:
+        return tensors, list(shapes[0])
+    rank = max(len(s) for s in shapes)
+    dyn = [ops.shape(_to_rank(t, rank + 2))[:-2] for t in tensors]
+    lead = []
+    for axis in range(rank):
+        sizes = [d[axis] for d in dyn]
+        static = [s for s in sizes if isinstance(s, int)]
+        big = [s for s in static if s != 1]
+        lead.append(big[0] if big else (static[0] if len(static) == len(sizes) else sizes[0]))
+    return [ops.broadcast_to(_to_rank(t, rank + 2), tuple(lead) + tuple(t.shape[-2:]))
+            for t in tensors], lead
+
+
+def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False,
+                        scale=1.0, block_size=512):
+    """Memory-efficient attention over `(..., T, d)` tensors (see the module doc).
+
+    Args:
+        query: `(..., T, d_k)`; key: `(..., S, d_k)`; value: `(..., S, d_v)`,
+            with static `T`, `S`, `d_k`, `d_v`.
+        mask: optional bool, broadcastable to `(..., T, S)`; True = may attend.
+        bias: optional additive float, broadcastable to `(..., T, S)`.
+        is_causal: bottom-right aligned causal masking (`j <= i + S - T`).
+        scale: logit multiplier.
+        block_size: query and key block length.
+
+    Returns:
+        `(..., T, d_v)` in the dtype of `value`; zero rows where no key is
+        allowed.
+    """
+    out_dtype = value.dtype
+    compute = "float64" if keras.backend.standardize_dtype(query.dtype) == "float64" else "float32"
+    q, k, v = (ops.cast(t, compute) for t in (query, key, value))
+    (q, k, v), lead = broadcast_lead([q, k, v])
+    T, S = q.shape[-2], k.shape[-2]
+    g = _Blocks(T, S, block_size, is_causal, lead)
+    rank = len(lead) + 2
+
+    q = _pad_axis(q, -2, g.Tp - T)
+    k = _pad_axis(k, -2, g.Sp - S)
+    v = _pad_axis(v, -2, g.Sp - S)
+    if mask is not None:
+        mask = _to_rank(ops.cast(mask, "uint8"), rank)
+        if mask.shape[-2] != 1:
+            mask = _pad_axis(mask, -2, g.Tp - T)
+        if mask.shape[-1] != 1:
+            mask = _pad_axis(mask, -1, g.Sp - S)
+    args = [q, k, v]
+    if bias is not None:
+        bias = _to_rank(ops.cast(bias, compute), rank)
+        if bias.shape[-2] != 1:
+            bias = _pad_axis(bias, -2, g.Tp - T)
+        if bias.shape[-1] != 1:
+            bias = _pad_axis(bias, -1, g.Sp - S)
+        args.append(bias)
+
+    out = _attention_fn(mask, g, scale, bias is not None)(*args)
+    if g.Tp != T:
+        out = out[..., :T, :]
+    return ops.cast(out, out_dtype)
