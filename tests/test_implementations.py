@@ -145,16 +145,6 @@ def test_half_precision_paths(path, policy, dtype):
 # Gradients: finite, and equal to the reference's (float64 central differences).
 
 
-def _numerical_grad(f, x, eps=1e-6):
-    grad = np.zeros_like(x)
-    for index in np.ndindex(x.shape):
-        up, down = x.copy(), x.copy()
-        up[index] += eps
-        down[index] -= eps
-        grad[index] = (f(up) - f(down)) / (2 * eps)
-    return grad
-
-
 @pytest.mark.requires_trainable_backend
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("T,S", [(6, 6), (3, 7), (7, 5)])
@@ -190,7 +180,7 @@ def test_gradients_match_reference(path, T, S, with_bias):
     assert value == pytest.approx(ref_loss(0)(args64[0]), abs=1e-5)
     for which, grad in enumerate(grads):
         assert np.isfinite(grad).all()
-        assert_close(grad, _numerical_grad(ref_loss(which), args64[which]),
+        assert_close(grad, reference.numerical_gradient(ref_loss(which), args64[which]),
                      what=f"{path} gradient {which}")
     assert_close(grads[0][0, 0, T - 1], np.zeros(3), what="masked row query gradient")
 

@@ -275,21 +275,16 @@ def reference_result(case, inputs, masks, weights, step=1e-5):
     cot = cotangent(case, out.shape).astype(np.float64)
     result = {"output": out}
 
-    def loss():
-        return float(np.sum(reference_forward(case, inputs, masks, weights) * cot))
+    def loss_with(group, name):
+        def loss(array):
+            changed = dict(group, **{name: array})
+            args = (changed, weights) if group is inputs else (inputs, changed)
+            return float(np.sum(reference_forward(case, args[0], masks, args[1]) * cot))
+        return loss
 
     for group in (inputs, weights):
         for name, array in group.items():
-            grad = np.zeros_like(array)
-            flat, gflat = array.reshape(-1), grad.reshape(-1)
-            for i in range(flat.size):
-                keep = flat[i]
-                flat[i] = keep + step
-                up = loss()
-                flat[i] = keep - step
-                down = loss()
-                flat[i] = keep
-                gflat[i] = (up - down) / (2 * step)
+            grad = reference.numerical_gradient(loss_with(group, name), array, step)
             result["grad/" + name] = grad
     return result
 
