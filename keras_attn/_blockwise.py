@@ -143,28 +143,33 @@ class _Blocks:
         return s, allowed
 
 
-def _q_blocks(x, g):
-    """`(..., Tp, w)` -> `(nq, ..., bq, w)`, the xs of a scan over query blocks."""
+def _to_blocks(x, lead, count, size):
+    """`(..., count * size, w)` -> `(count, ..., size, w)`: the xs of a map over blocks."""
     n = len(x.shape)
-    x = ops.reshape(x, list(g.lead) + [g.nq, g.bq, x.shape[-1]])
+    x = ops.reshape(x, list(lead) + [count, size, x.shape[-1]])
     return ops.moveaxis(x, n - 2, 0)
+
+
+def _from_blocks(x, lead, length):
+    """`(count, ..., size, w)` -> `(..., length, w)`, the inverse of `_to_blocks`."""
+    x = ops.moveaxis(x, 0, len(x.shape) - 3)
+    return ops.reshape(x, list(lead) + [length, x.shape[-1]])
+
+
+def _q_blocks(x, g):
+    return _to_blocks(x, g.lead, g.nq, g.bq)
 
 
 def _from_q_blocks(x, g):
-    """`(nq, ..., bq, w)` -> `(..., Tp, w)`."""
-    x = ops.moveaxis(x, 0, len(x.shape) - 3)
-    return ops.reshape(x, list(g.lead) + [g.Tp, x.shape[-1]])
+    return _from_blocks(x, g.lead, g.Tp)
 
 
 def _k_blocks(x, g):
-    n = len(x.shape)
-    x = ops.reshape(x, list(g.lead) + [g.nk, g.bk, x.shape[-1]])
-    return ops.moveaxis(x, n - 2, 0)
+    return _to_blocks(x, g.lead, g.nk, g.bk)
 
 
 def _from_k_blocks(x, g):
-    x = ops.moveaxis(x, 0, len(x.shape) - 3)
-    return ops.reshape(x, list(g.lead) + [g.Sp, x.shape[-1]])
+    return _from_blocks(x, g.lead, g.Sp)
 
 
 def _forward(q, k, v, bias, mask, g, scale):
