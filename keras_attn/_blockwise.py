@@ -44,31 +44,11 @@ gradients.
 import keras
 from keras import ops
 
+from keras_attn._shapes import broadcast_lead, pad_axis, softmax_dtype, sum_to, to_rank
+
 __all__ = ["blockwise_attention"]
 
 _NEG_INF = float("-inf")
-
-
-def _pad_axis(x, axis, amount, value=0):
-    if amount == 0:
-        return x
-    widths = [[0, 0] for _ in range(len(x.shape))]
-    widths[axis][1] = amount
-    return ops.pad(x, widths, constant_values=value)
-
-
-def _to_rank(x, rank):
-    while len(x.shape) < rank:
-        x = ops.expand_dims(x, 0)
-    return x
-
-
-def _sum_to(x, shape):
-    """Sum `x` over the axes where `shape` (static) has size 1."""
-    for axis, size in enumerate(shape):
-        if size == 1 and x.shape[axis] != 1:
-            x = ops.sum(x, axis=axis, keepdims=True)
-    return x
 
 
 class _Blocks:
@@ -209,31 +189,31 @@ def _forward(q, k, v, bias, mask, g, scale):
     return _from_q_blocks(out, g), _from_q_blocks(lse, g)
 
 
-def _backward(q, k, v, bias, mask, g, scale, out, lse, d_out):
-    """Gradients of `sum(out * d_out)` w.r.t. q, k, v (and bias), recomputing scores."""
+def _probabilities(g, q_i, k_j, bias, mask, lse_i, i, j, scale):
+    """Block `(i, j)` of the softmax weights, recomputed from the kept `lse`."""
+    s, allowed = g.logits(q_i, k_j, bias, mask, i, j, scale)
+    p = ops.exp(s - lse_i)
+    if allowed is not None:
+        p = ops.where(allowed, p, ops.zeros_like(p))
+    return p
+
+
+def _key_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
+    """Pass 1: `dk`, `dv` of each key block, over the query blocks that see it."""
     dtype = q.dtype
     d_k, d_v = q.shape[-1], v.shape[-1]
-    delta = ops.sum(d_out * out, axis=-1, keepdims=True)  # (..., Tp, 1)
 
-    def probabilities(q_i, k_j, lse_i, i, j):
-        s, allowed = g.logits(q_i, k_j, bias, mask, i, j, scale)
-        p = ops.exp(s - lse_i)
-        if allowed is not None:
-            p = ops.where(allowed, p, ops.zeros_like(p))
-        return p
-
-    # Pass 1: dk, dv of each key block, over the query blocks that see it.
     def k_step(xs):
         j, k_j, v_j = xs
 
         def q_inner(i, state):
             dk, dv = state
             q_i, do_i = g.rows(q, i), g.rows(d_out, i)
-            p = probabilities(q_i, k_j, g.rows(lse, i), i, j)
-            dv = dv + ops.matmul(ops.swapaxes(p, -1, -2), do_i)
-            dp = ops.matmul(do_i, ops.swapaxes(v_j, -1, -2))
+            p = _probabilities(g, q_i, k_j, bias, mask, g.rows(lse, i), i, j, scale)
+            dv = dv + ops.matmul(ops.swapaxes(p, -1, -2), do_i)  # (..., bk, d_v)
+            dp = ops.matmul(do_i, ops.swapaxes(v_j, -1, -2))  # (..., bq, bk)
             ds = p * (dp - g.rows(delta, i))
-            dk = dk + ops.matmul(ops.swapaxes(ds, -1, -2), q_i) * scale
+            dk = dk + ops.matmul(ops.swapaxes(ds, -1, -2), q_i) * scale  # (..., bk, d_k)
             return dk, dv
 
         init = (ops.zeros(list(g.lead) + [g.bk, d_k], dtype),
@@ -242,13 +222,18 @@ def _backward(q, k, v, bias, mask, g, scale, out, lse, d_out):
 
     steps = ops.arange(g.nk, dtype="int32")
     dk, dv = ops.map(k_step, (steps, _k_blocks(k, g), _k_blocks(v, g)))
-    dk, dv = _from_k_blocks(dk, g), _from_k_blocks(dv, g)
+    return _from_k_blocks(dk, g), _from_k_blocks(dv, g)
 
-    # Pass 2: dq of each query block (and the bias gradient, tile by tile).
+
+def _query_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
+    """Pass 2: `dq` of each query block, and the bias gradient tile by tile."""
+    dtype = q.dtype
+    d_k = q.shape[-1]
+
     def ds_block(q_i, do_i, lse_i, delta_i, i, j):
         k_j = g.cols(k, j)
-        p = probabilities(q_i, k_j, lse_i, i, j)
-        dp = ops.matmul(do_i, ops.swapaxes(g.cols(v, j), -1, -2))
+        p = _probabilities(g, q_i, k_j, bias, mask, lse_i, i, j, scale)
+        dp = ops.matmul(do_i, ops.swapaxes(g.cols(v, j), -1, -2))  # (..., bq, bk)
         return p * (dp - delta_i), k_j
 
     if bias is not None:
@@ -272,7 +257,7 @@ def _backward(q, k, v, bias, mask, g, scale, out, lse, d_out):
         def k_block(j):
             def compute():
                 ds, k_j = ds_block(q_i, do_i, lse_i, delta_i, i, j)
-                return ops.matmul(ds, k_j) * scale, _sum_to(ds, tile_shape)
+                return ops.matmul(ds, k_j) * scale, sum_to(ds, tile_shape)
 
             def skip():  # a causal block above the diagonal: nothing to do
                 return dq0, ops.zeros(tile_shape, dtype)
@@ -281,8 +266,7 @@ def _backward(q, k, v, bias, mask, g, scale, out, lse, d_out):
 
         dq, d_bias = ops.map(k_block, ops.arange(g.nk, dtype="int32"))
         dq = ops.sum(dq, axis=0)
-        # d_bias: (nk, ..., bq|1, bk|1) -> (..., bq|1, Sp|1)
-        if s_full:
+        if s_full:  # (nk, ..., bq|1, bk) -> (..., bq|1, Sp)
             d_bias = ops.moveaxis(d_bias, 0, len(d_bias.shape) - 2)
             d_bias = ops.reshape(d_bias, tuple(bias.shape[:-2]) + (tile_shape[-2], g.Sp))
         else:
@@ -293,15 +277,27 @@ def _backward(q, k, v, bias, mask, g, scale, out, lse, d_out):
     xs = (steps, _q_blocks(q, g), _q_blocks(d_out, g), _q_blocks(lse, g), _q_blocks(delta, g))
     result = ops.map(q_step, xs)
     if bias is None:
-        return _from_q_blocks(result, g), dk, dv, None
+        return _from_q_blocks(result, g), None
     dq, d_bias = result
-    # d_bias: (nq, ..., bq|1, Sp|1) -> (..., Tp|1, Sp|1)
-    if t_full:
+    if t_full:  # (nq, ..., bq, Sp|1) -> (..., Tp, Sp|1)
         d_bias = ops.moveaxis(d_bias, 0, len(d_bias.shape) - 3)
         d_bias = ops.reshape(d_bias, tuple(bias.shape[:-2]) + (g.Tp, d_bias.shape[-1]))
     else:
         d_bias = ops.sum(d_bias, axis=0)
-    return _from_q_blocks(dq, g), dk, dv, d_bias
+    return _from_q_blocks(dq, g), d_bias
+
+
+def _backward(q, k, v, bias, mask, g, scale, out, lse, d_out):
+    """Gradients of `sum(out * d_out)` w.r.t. q, k, v (and bias), recomputing scores.
+
+    Two passes avoid scatter-updates of a shared buffer (which would copy it
+    on PyTorch): one over key blocks for `dk`, `dv`, one over query blocks
+    for `dq` (and `dbias`).
+    """
+    delta = ops.sum(d_out * out, axis=-1, keepdims=True)  # (..., Tp, 1)
+    dk, dv = _key_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out)
+    dq, d_bias = _query_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out)
+    return dq, dk, dv, d_bias
 
 
 def _attention_fn(mask, g, scale, has_bias):
@@ -316,8 +312,11 @@ def _attention_fn(mask, g, scale, has_bias):
 
     @ops.custom_gradient
     def attend(q, k, v, *maybe_bias):
+        # The forward runs on stop-gradient copies: an eager TensorFlow
+        # GradientTape would otherwise record every block's intermediates
+        # (O(T * S) memory) although the custom gradient never uses them.
+        out, lse = forward(*(ops.stop_gradient(x) for x in (q, k, v, *maybe_bias)))
         bias = maybe_bias[0] if has_bias else None
-        out, lse = forward(q, k, v, *maybe_bias)
 
         def grad(*args, upstream=None):
             if upstream is None:
@@ -328,23 +327,6 @@ def _attention_fn(mask, g, scale, has_bias):
         return out, grad
 
     return attend
-
-
-def broadcast_lead(tensors):
-    """Broadcast the leading dims (all but the last two) of q, k, v to one shape."""
-    shapes = [tuple(t.shape[:-2]) for t in tensors]
-    if all(s == shapes[0] for s in shapes) and None not in shapes[0]:
-        return tensors, list(shapes[0])
-    rank = max(len(s) for s in shapes)
-    dyn = [ops.shape(_to_rank(t, rank + 2))[:-2] for t in tensors]
-    lead = []
-    for axis in range(rank):
-        sizes = [d[axis] for d in dyn]
-        static = [s for s in sizes if isinstance(s, int)]
-        big = [s for s in static if s != 1]
-        lead.append(big[0] if big else (static[0] if len(static) == len(sizes) else sizes[0]))
-    return [ops.broadcast_to(_to_rank(t, rank + 2), tuple(lead) + tuple(t.shape[-2:]))
-            for t in tensors], lead
 
 
 def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False,
@@ -365,29 +347,29 @@ def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False
         allowed.
     """
     out_dtype = value.dtype
-    compute = "float64" if keras.backend.standardize_dtype(query.dtype) == "float64" else "float32"
+    compute = softmax_dtype(query.dtype)
     q, k, v = (ops.cast(t, compute) for t in (query, key, value))
     (q, k, v), lead = broadcast_lead([q, k, v])
     T, S = q.shape[-2], k.shape[-2]
     g = _Blocks(T, S, block_size, is_causal, lead)
     rank = len(lead) + 2
 
-    q = _pad_axis(q, -2, g.Tp - T)
-    k = _pad_axis(k, -2, g.Sp - S)
-    v = _pad_axis(v, -2, g.Sp - S)
+    q = pad_axis(q, -2, g.Tp - T)
+    k = pad_axis(k, -2, g.Sp - S)
+    v = pad_axis(v, -2, g.Sp - S)
     if mask is not None:
-        mask = _to_rank(ops.cast(mask, "uint8"), rank)
+        mask = to_rank(ops.cast(mask, "uint8"), rank)
         if mask.shape[-2] != 1:
-            mask = _pad_axis(mask, -2, g.Tp - T)
+            mask = pad_axis(mask, -2, g.Tp - T)
         if mask.shape[-1] != 1:
-            mask = _pad_axis(mask, -1, g.Sp - S)
+            mask = pad_axis(mask, -1, g.Sp - S)
     args = [q, k, v]
     if bias is not None:
-        bias = _to_rank(ops.cast(bias, compute), rank)
+        bias = to_rank(ops.cast(bias, compute), rank)
         if bias.shape[-2] != 1:
-            bias = _pad_axis(bias, -2, g.Tp - T)
+            bias = pad_axis(bias, -2, g.Tp - T)
         if bias.shape[-1] != 1:
-            bias = _pad_axis(bias, -1, g.Sp - S)
+            bias = pad_axis(bias, -1, g.Sp - S)
         args.append(bias)
 
     out = _attention_fn(mask, g, scale, bias is not None)(*args)

@@ -4,23 +4,31 @@ Each check raises a `ValueError` that names the argument and ends with
 "Received: name=value", before any computation happens.
 """
 
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attn._shapes import static_shape
+
 __all__ = [
+    "as_bool_mask",
     "check_broadcastable",
     "check_dropout",
+    "check_floating",
     "check_positive_int",
     "check_rank",
-    "static_shape",
+    "dtype_of",
 ]
 
 
 def check_positive_int(name, value, allow_none=False):
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(
             f"`{name}` must be a positive integer. Received: {name}={value!r}"
         )
-    return value
+    return int(value)
 
 
 def check_dropout(name, value):
@@ -31,25 +39,6 @@ def check_dropout(name, value):
             f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
         )
     return float(value)
-
-
-def _static_dim(d):
-    if d is None:
-        return None
-    try:
-        return int(d)
-    except Exception:  # a symbolic dimension (JAX shape polymorphism): unknown
-        return None
-
-
-def static_shape(x):
-    """The shape of a tensor or shape tuple as a tuple of int-or-None.
-
-    Dims that are not known while tracing (JAX's symbolic batch dim when
-    Keras infers a Functional model's output spec) become None.
-    """
-    shape = getattr(x, "shape", x)
-    return tuple(_static_dim(d) for d in shape)
 
 
 def check_rank(name, x, rank, layout):
@@ -78,3 +67,46 @@ def check_broadcastable(name, shape, target, layout):
             f"`{name}` must be broadcastable to {layout} = {tuple(target)}. "
             f"Received: {name}.shape={shape}"
         )
+
+
+def dtype_of(x):
+    """The standardized dtype name of a tensor, array or Python value."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(x).dtype
+    return keras.backend.standardize_dtype(dtype)
+
+
+def check_floating(name, x):
+    """Attention inputs must be floating: integer logits would be silently wrong."""
+    dtype = dtype_of(x)
+    if "float" not in dtype:
+        raise ValueError(
+            f"`{name}` must be a floating tensor (float16, bfloat16, float32 or "
+            f"float64); cast it first, for example with `keras.ops.cast(x, "
+            f"'float32')`. Received: {name}.dtype={dtype}"
+        )
+    return dtype
+
+
+def as_bool_mask(name, mask):
+    """A bool or integer mask as bool (nonzero = may attend); a float mask is refused.
+
+    A floating mask is ambiguous: a 0/1 "keep" mask and an additive
+    0/-inf mask look alike, and reading the second as "nonzero = may attend"
+    would silently invert it. Additive masks belong in `bias=`.
+    """
+    if mask is None:
+        return None
+    dtype = dtype_of(mask)
+    if "float" in dtype:
+        raise ValueError(
+            f"`{name}` must be a bool or integer tensor (True / nonzero = may "
+            f"attend). A floating mask is ambiguous (a 0/1 keep-mask and an "
+            f"additive 0/-inf mask look alike): pass an additive mask as `bias=` "
+            f"to `keras_attn.scaled_dot_product_attention`, or cast a 0/1 mask "
+            f"with `keras.ops.cast(mask, 'bool')`. Received: {name}.dtype={dtype}"
+        )
+    if dtype == "bool":
+        return mask if not isinstance(mask, (list, tuple)) else np.asarray(mask, bool)
+    return ops.not_equal(mask, 0)

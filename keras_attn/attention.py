@@ -1,4 +1,4 @@
-"""Scaled dot-product attention and its masks, written against `keras.ops`.
+"""Scaled dot-product attention and its masks: the public functional API.
 
 Notation used throughout the package:
     B  batch size
@@ -8,7 +8,10 @@ Notation used throughout the package:
     d_k  width of a query/key per head
     d_v  width of a value per head
 
-Masks are boolean and follow the Keras convention: True = may attend.
+Masks are bool (or integer: nonzero = may attend) and follow the Keras
+convention: True = may attend. Additive float masks are `bias`. The
+implementations and the rule that picks one live in `_paths.py` and
+`_blockwise.py`.
 """
 
 import math
@@ -16,9 +19,15 @@ import math
 import keras
 from keras import ops
 
-from keras_attn import config
-from keras_attn._blockwise import blockwise_attention, broadcast_lead
-from keras_attn._validation import check_broadcastable, check_dropout, static_shape
+from keras_attn import _paths
+from keras_attn._paths import check_implementation, combine_masks, select_implementation
+from keras_attn._shapes import score_lead, static_shape
+from keras_attn._validation import (
+    as_bool_mask,
+    check_broadcastable,
+    check_dropout,
+    check_floating,
+)
 
 __all__ = [
     "causal_mask",
@@ -42,10 +51,7 @@ def causal_mask(query_length, key_length):
     Returns:
         A bool tensor of shape `(T, S)`.
     """
-    rows = ops.expand_dims(ops.arange(query_length, dtype="int32"), 1)  # (T, 1)
-    cols = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)  # (1, S)
-    offset = ops.cast(key_length, "int32") - ops.cast(query_length, "int32")
-    return ops.less_equal(cols, rows + offset)  # (T, S)
+    return _paths.causal_mask(query_length, key_length)  # (T, S)
 
 
 def padding_mask(lengths, max_length):
@@ -70,28 +76,12 @@ def padding_mask(lengths, max_length):
     return ops.less(positions, ops.expand_dims(ops.cast(lengths, "int32"), 1))
 
 
-def combine_masks(*masks):
-    """Logical AND of boolean masks, with broadcasting; `None`s are ignored.
-
-    Returns:
-        The combined bool mask, or `None` if every mask is `None`.
-    """
-    combined = None
-    for mask in masks:
-        if mask is None:
-            continue
-        mask = ops.cast(mask, "bool")
-        combined = mask if combined is None else ops.logical_and(combined, mask)
-    return combined
-
-
-def _softmax_dtype(dtype):
-    """Softmax runs in float32 at least: half precision overflows in exp."""
-    return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
-
-
 def _validate(query, key, value, mask, bias, dropout_rate):
-    """Check ranks, widths, lengths and mask shapes before computing."""
+    """Check dtypes, ranks, widths, lengths and mask shapes before computing."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        check_floating(name, x)
+    if bias is not None:
+        check_floating("bias", bias)
     shapes = {n: static_shape(x) for n, x in (("query", query), ("key", key), ("value", value))}
     for name, shape in shapes.items():
         if len(shape) < 2:
@@ -110,232 +100,23 @@ def _validate(query, key, value, mask, bias, dropout_rate):
             "`key` and `value` must have the same length S. "
             f"Received: key.shape={k}, value.shape={v}"
         )
+    for name, lead in (("key", k[:-2]), ("value", v[:-2])):
+        if not _broadcasts(q[:-2], lead):
+            raise ValueError(
+                f"`query` and `{name}` must have broadcastable leading dims (batch, "
+                f"heads, ...). Received: query.shape={q}, {name}.shape={shapes[name]}"
+            )
     check_dropout("dropout_rate", dropout_rate)
-    # Leading dims of the scores: the broadcast of query's and key's.
-    lead_q, lead_k = q[:-2], k[:-2]
-    width = max(len(lead_q), len(lead_k))
-    lead_q = (1,) * (width - len(lead_q)) + lead_q
-    lead_k = (1,) * (width - len(lead_k)) + lead_k
-    lead = tuple(b if a in (1, None) else a for a, b in zip(lead_q, lead_k, strict=False))
-    target = lead + (q[-2], k[-2])
+    target = score_lead(q, k) + (q[-2], k[-2])
     for name, tensor in (("mask", mask), ("bias", bias)):
         if tensor is not None:
             check_broadcastable(name, tensor, target, "(..., T, S)")
 
 
-def _masked_softmax(logits, allowed):
-    """Softmax over the last axis restricted to `allowed` keys.
-
-    A row with no allowed key (all masked, or all -inf bias) gets all-zero
-    weights. Disallowed logits become -inf, so they contribute exp(-inf) = 0
-    and receive zero gradient; the row maximum is replaced by 0 where it is
-    -inf so that no `-inf - -inf = NaN` appears, forward or backward.
-    """
-    if allowed is not None:
-        logits = ops.where(allowed, logits, float("-inf"))
-    row_max = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True))
-    row_max = ops.where(ops.isfinite(row_max), row_max, ops.zeros_like(row_max))
-    unnormalized = ops.exp(logits - row_max)
-    total = ops.sum(unnormalized, axis=-1, keepdims=True)
-    total = ops.where(total > 0, total, ops.ones_like(total))
-    return unnormalized / total
-
-
-# ----------------------------------------------------------------------------
-# Implementations: explicit (materialised weights), fused
-# (`keras.ops.dot_product_attention`) and blockwise (online softmax).
-
-IMPLEMENTATIONS = ("auto", "fused", "blockwise", "explicit")
-
-
-def check_implementation(implementation):
-    """`implementation` is one of `IMPLEMENTATIONS`, else a `ValueError`."""
-    if not isinstance(implementation, str) or implementation not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"`implementation` must be one of {IMPLEMENTATIONS}. "
-            f"Received: implementation={implementation!r}"
-        )
-    return implementation
-
-
-def _num_scores(lead, T, S):
-    """`prod(lead) * T * S`, or None when a dim is not known statically."""
-    total = 1
-    for d in tuple(lead) + (T, S):
-        if d is None:
-            return None
-        total *= d
-    return total
-
-
-def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_causal,
-                          needs_weights, symbolic):
-    """The path a call takes; see `scaled_dot_product_attention`.
-
-    Args:
-        implementation: the requested one (`"auto"` resolves here).
-        lead: static leading dims of the scores (batch, heads, ...).
-        T, S: static query and key lengths (None if unknown).
-        has_mask, has_bias, is_causal: what the call carries.
-        needs_weights: scores are requested, or attention dropout is active;
-            only the explicit path materialises the weights.
-        symbolic: the inputs are `KerasTensor`s (shape inference only).
-    """
-    check_implementation(implementation)
-    if needs_weights or symbolic:
-        return "explicit"
-    if implementation == "blockwise" and (T is None or S is None):
-        raise ValueError(
-            "`implementation='blockwise'` needs static query and key lengths. "
-            f"Received: implementation={implementation!r} with T={T}, S={S}"
-        )
-    if implementation != "auto":
-        return implementation
-    num_scores = _num_scores(lead, T, S)
-    if num_scores is None or num_scores <= config.blockwise_threshold():
-        return "fused"
-    if (keras.backend.backend() == "torch" and not has_mask and not has_bias
-            and (not is_causal or T == S)):
-        # PyTorch's SDPA runs its own flash kernel here (no mask to
-        # materialise): linear memory already, and faster than a loop.
-        return "fused"
-    return "blockwise"
-
-
-def _large_negative(dtype):
-    """A finite stand-in for -inf that still underflows exp() in float32 softmax."""
-    return -0.7 * (65504.0 if keras.backend.standardize_dtype(dtype) == "float16" else 3.4e38)
-
-
-def _to_rank(x, rank):
-    while len(x.shape) < rank:
-        x = ops.expand_dims(x, 0)
-    return x
-
-
-def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=False, scale=None):
-    """`keras.ops.dot_product_attention` with keras_attn's mask semantics.
-
-    Layout `(B, T, N, d)` (heads after time, as `keras.ops.dot_product_attention`
-    wants). `mask`/`bias` broadcast to `(B, N, T, S)`. Causal masking is
-    bottom-right aligned: the backend's `is_causal` flag (top-left aligned on
-    PyTorch) is used only when `T == S` statically and there is no mask or
-    bias; otherwise the causal mask is folded into the mask. Rows with no
-    allowed key are re-opened before the kernel (so that it never sees a
-    fully masked row, which gives NaN on PyTorch and a uniform row on JAX and
-    TensorFlow) and zeroed after it, which keeps values and gradients finite.
-
-    Returns:
-        `(B, T, N, d_v)`.
-    """
-    d_k, d_v = static_shape(query)[-1], static_shape(value)[-1]
-    if keras.backend.backend() == "jax" and d_k != d_v:
-        # JAX's kernel (and Keras's fallback) assume d_v == d_k. Zero columns
-        # change neither q.k nor the output's first d_v columns.
-        width = max(d_k, d_v)
-        pad = [[0, 0], [0, 0], [0, 0]]
-        query, key = (ops.pad(x, pad + [[0, width - d_k]]) for x in (query, key))
-        value = ops.pad(value, pad + [[0, width - d_v]])
-        output = fused_attention_bthd(query, key, value, mask, bias, is_causal, scale)
-        return output[..., :d_v]
-    T, S = static_shape(query)[1], static_shape(key)[1]
-    use_flag = bool(is_causal) and mask is None and bias is None and T is not None and T == S
-    allowed = None if mask is None else _to_rank(ops.cast(mask, "bool"), 4)
-    if is_causal and not use_flag:
-        allowed = combine_masks(allowed, causal_mask(ops.shape(query)[1], ops.shape(key)[1]))
-    if bias is not None:
-        bias = _to_rank(ops.cast(bias, query.dtype), 4)
-        allowed = combine_masks(allowed, ops.greater(bias, float("-inf")))
-    keep = None
-    if allowed is not None:
-        allowed = _to_rank(allowed, 4)
-        keep = ops.any(allowed, axis=-1, keepdims=True)  # (B|1, N|1, T|1, 1)
-    if bias is not None:
-        bias = ops.where(allowed, bias, _large_negative(query.dtype))
-        bias = ops.where(keep, bias, ops.zeros_like(bias))
-        output = ops.dot_product_attention(query, key, value, bias=bias, scale=scale)
-    else:
-        if keep is not None:
-            allowed = ops.logical_or(allowed, ops.logical_not(keep))
-        output = ops.dot_product_attention(
-            query, key, value, mask=allowed, scale=scale, is_causal=use_flag)
-    if keep is not None:
-        keep = ops.transpose(keep, (0, 2, 1, 3))  # (B|1, T|1, N|1, 1)
-        output = output * ops.cast(keep, output.dtype)
-    return output
-
-
-def _fused(query, key, value, mask, bias, is_causal, scale):
-    """The fused path for the `(..., T, d)` layout of the functional core."""
-    (q, k, v), lead = broadcast_lead([query, key, value])
-    T, d_v = static_shape(q)[-2], static_shape(v)[-1]
-    n = len(lead)
-    if n > 2:  # fold the extra leading dims into the batch
-        if any(not isinstance(d, int) for d in lead):
-            raise ValueError(
-                "The fused path needs static leading dims beyond (batch, heads). "
-                f"Received: query.shape={static_shape(query)}"
-            )
-        batch = int(math.prod(lead[:-1]))
-
-        def fold(x):
-            return ops.reshape(x, (batch, lead[-1]) + tuple(x.shape[-2:]))
-
-        def fold_mask(x):
-            x = _to_rank(x, n + 2)
-            x = ops.broadcast_to(x, tuple(lead) + tuple(x.shape[-2:]))
-            return fold(x)
-
-        q, k, v = fold(q), fold(k), fold(v)
-        mask = None if mask is None else fold_mask(ops.cast(mask, "bool"))
-        bias = None if bias is None else fold_mask(bias)
-    else:
-        q, k, v = (_to_rank(x, 4) for x in (q, k, v))
-    q, k, v = (ops.transpose(x, (0, 2, 1, 3)) for x in (q, k, v))  # (B, T, N, d)
-    out = fused_attention_bthd(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
-    out = ops.transpose(out, (0, 2, 1, 3))  # (B, N, T, d_v)
-    if n > 2:
-        return ops.reshape(out, tuple(lead) + (T, d_v))
-    for _ in range(2 - n):
-        out = ops.squeeze(out, 0)
-    return out
-
-
-def _explicit(query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
-              training, return_attention_scores):
-    """Materialised logits and weights; the only path with scores and dropout."""
-    softmax_dtype = _softmax_dtype(query.dtype)
-    q = ops.cast(query, softmax_dtype)
-    k = ops.cast(key, softmax_dtype)
-    logits = ops.matmul(q, ops.swapaxes(k, -1, -2)) * scale  # (..., T, S)
-    if bias is not None:
-        logits = logits + ops.cast(bias, softmax_dtype)
-
-    allowed = mask
-    if is_causal:
-        T, S = ops.shape(query)[-2], ops.shape(key)[-2]
-        allowed = combine_masks(allowed, causal_mask(T, S))
-    elif allowed is not None:
-        allowed = ops.cast(allowed, "bool")
-    weights = _masked_softmax(logits, allowed)  # (..., T, S)
-    weights = ops.cast(weights, value.dtype)
-
-    attended = weights
-    if training and dropout_rate > 0.0:
-        attended = keras.random.dropout(weights, dropout_rate, seed=seed)
-    output = ops.matmul(attended, value)  # (..., T, d_v)
-    if return_attention_scores:
-        return output, weights
-    return output
-
-
-def _score_lead(query, key):
-    """Static leading dims of the scores: the broadcast of query's and key's."""
-    lead_q, lead_k = static_shape(query)[:-2], static_shape(key)[:-2]
-    width = max(len(lead_q), len(lead_k))
-    lead_q = (1,) * (width - len(lead_q)) + lead_q
-    lead_k = (1,) * (width - len(lead_k)) + lead_k
-    return tuple(b if a == 1 else a for a, b in zip(lead_q, lead_k, strict=True))
+def _broadcasts(a, b):
+    """Whether two static shapes broadcast against each other (None = unknown)."""
+    return all(x is None or y is None or x == 1 or y == 1 or x == y
+               for x, y in zip(reversed(a), reversed(b), strict=False))
 
 
 def scaled_dot_product_attention(
@@ -357,11 +138,13 @@ def scaled_dot_product_attention(
     Paper Eq. 1 of "Attention Is All You Need", over any leading dims.
 
     Args:
-        query: tensor of shape `(..., T, d_k)`.
-        key: tensor of shape `(..., S, d_k)`.
-        value: tensor of shape `(..., S, d_v)`.
-        mask: optional boolean tensor broadcastable to `(..., T, S)`;
-            True = the query may attend the key.
+        query: floating tensor of shape `(..., T, d_k)`.
+        key: floating tensor of shape `(..., S, d_k)`.
+        value: floating tensor of shape `(..., S, d_v)`.
+        mask: optional bool or integer tensor broadcastable to `(..., T, S)`;
+            True (nonzero) = the query may attend the key. A floating mask
+            raises a `ValueError`: a 0/1 keep-mask and an additive 0/-inf
+            mask look alike, so additive masks go in `bias`.
         bias: optional additive float tensor broadcastable to `(..., T, S)`,
             added to the logits before the softmax (-inf forbids a key).
         is_causal: if True, query `i` may only attend key `j <= i + (S - T)`
@@ -385,12 +168,18 @@ def scaled_dot_product_attention(
             the scores would exceed `keras_attn.config.blockwise_threshold()`
             elements, then the blockwise one (on PyTorch, unmasked attention
             stays on SDPA's own flash kernel, which is linear in memory).
+            Dims unknown while tracing (a `None` batch) count as 1, so the
+            per-example score count decides.
 
     Returns:
         The output `(..., T, d_v)` in the dtype of `value`, and, with
         `return_attention_scores=True`, the weights `(..., T, S)` (before
-        dropout). A query with no allowed key gets zero weights and a zero
-        output row, never NaN.
+        dropout). Softmax runs in float32 at least on every path, so float16
+        and bfloat16 inputs never overflow in it. A query with no allowed key
+        gets zero weights and a zero output row, never NaN; a key that no
+        query may attend (padding) is zeroed first, so NaN or inf stored
+        there never reaches an output. `T == 0` gives an empty output and
+        `S == 0` zero rows.
     """
     check_implementation(implementation)
     _validate(query, key, value, mask, bias, dropout_rate)
@@ -398,18 +187,13 @@ def scaled_dot_product_attention(
     query = ops.convert_to_tensor(query)
     key = ops.convert_to_tensor(key)
     value = ops.convert_to_tensor(value)
+    mask = as_bool_mask("mask", mask)
     if scale is None:
         scale = 1.0 / math.sqrt(static_shape(query)[-1])
     needs_weights = bool(return_attention_scores) or bool(training and dropout_rate > 0.0)
     path = select_implementation(
-        implementation, lead=_score_lead(query, key), T=static_shape(query)[-2],
+        implementation, lead=score_lead(query, key), T=static_shape(query)[-2],
         S=static_shape(key)[-2], has_mask=mask is not None, has_bias=bias is not None,
         is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic)
-    if path == "fused":
-        return _fused(query, key, value, mask, bias, is_causal, scale)
-    if path == "blockwise":
-        return blockwise_attention(query, key, value, mask=mask, bias=bias,
-                                   is_causal=is_causal, scale=scale,
-                                   block_size=config.attention_block_size())
-    return _explicit(query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
-                     training, return_attention_scores)
+    return _paths.attend(path, query, key, value, mask, bias, is_causal, scale, dropout_rate,
+                         seed, training, return_attention_scores)

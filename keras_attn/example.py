@@ -17,8 +17,8 @@ def build_model(vocab_size=20, length=8, model_dim=16, num_heads=2):
 
     tokens = keras.Input((length,), dtype="int32", name="tokens")
     x = keras.layers.Embedding(vocab_size, model_dim, mask_zero=True)(tokens)
-    x = keras_attn.TransformerEncoderLayer(num_heads, 2 * model_dim, name="encoder")(x)
-    x = keras_attn.TransformerDecoderLayer(num_heads, 2 * model_dim, name="decoder")(x)
+    x = keras_attn.TransformerEncoderLayer(num_heads, intermediate_dim=2 * model_dim, name="encoder")(x)
+    x = keras_attn.TransformerDecoderLayer(num_heads, intermediate_dim=2 * model_dim, name="decoder")(x)
     x = keras.layers.GlobalAveragePooling1D()(x)
     outputs = keras.layers.Dense(2, name="logits")(x)
     return keras.Model(tokens, outputs, name="keras_attn_example")

@@ -30,8 +30,8 @@ def build_model():
     # dims that keras_attn._validation.static_shape cannot int() (see report).
     x = keras.Input((T, D), batch_size=B, name="x")
     memory = keras.Input((S, D), batch_size=B, name="memory")
-    h = keras_attn.TransformerEncoderLayer(2, 16, name="encoder")(memory)
-    y = keras_attn.TransformerDecoderLayer(2, 16, normalize_first=True, name="decoder")(
+    h = keras_attn.TransformerEncoderLayer(2, intermediate_dim=16, name="encoder")(memory)
+    y = keras_attn.TransformerDecoderLayer(2, intermediate_dim=16, normalize_first=True, name="decoder")(
         x, memory=h)
     y = keras_attn.MultiHeadAttention(2, 3, name="attention")(y, h)
     out = keras_attn.PositionwiseFeedForward(12, activation="gelu", name="head")(y)

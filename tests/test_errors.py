@@ -19,11 +19,11 @@ x3 = randn(rng(0), 2, 5, 8)
     (lambda: keras_attn.MultiHeadAttention(2, 4, dropout=-0.1), "Received: dropout=-0.1"),
     (lambda: keras_attn.PositionwiseFeedForward(0), "Received: intermediate_dim=0"),
     (lambda: keras_attn.PositionwiseFeedForward(4, dropout=1.5), "Received: dropout=1.5"),
-    (lambda: keras_attn.TransformerEncoderLayer(0, 8), "Received: num_heads=0"),
-    (lambda: keras_attn.TransformerEncoderLayer(2, 0), "Received: intermediate_dim=0"),
-    (lambda: keras_attn.TransformerEncoderLayer(2, 8, dropout=2), "Received: dropout=2"),
-    (lambda: keras_attn.TransformerDecoderLayer(2, 8, key_dim=0), "Received: key_dim=0"),
-    (lambda: keras_attn.TransformerDecoderLayer(2, 8, layer_norm_epsilon=0),
+    (lambda: keras_attn.TransformerEncoderLayer(0, intermediate_dim=8), "Received: num_heads=0"),
+    (lambda: keras_attn.TransformerEncoderLayer(2, intermediate_dim=0), "Received: intermediate_dim=0"),
+    (lambda: keras_attn.TransformerEncoderLayer(2, intermediate_dim=8, dropout=2), "Received: dropout=2"),
+    (lambda: keras_attn.TransformerDecoderLayer(2, intermediate_dim=8, key_dim=0), "Received: key_dim=0"),
+    (lambda: keras_attn.TransformerDecoderLayer(2, intermediate_dim=8, layer_norm_epsilon=0),
      "Received: layer_norm_epsilon=0"),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_constructor_arguments(make, match):
@@ -35,14 +35,16 @@ def test_mha_rejects_wrong_rank():
     layer = keras_attn.MultiHeadAttention(2, 4)
     with pytest.raises(ValueError, match=r"`query` must have rank 3.*Received: query.shape=\(5, 8\)"):
         layer(x3[0])
-    with pytest.raises(ValueError, match=r"`key` must have rank 3.*Received: key.shape"):
+    with pytest.raises(ValueError, match=r"`value` must have rank 3.*Received: value.shape"):
         keras_attn.MultiHeadAttention(2, 4)(x3, randn(rng(1), 2, 3, 4, 8))
+    with pytest.raises(ValueError, match=r"`key` must have rank 3.*Received: key.shape"):
+        keras_attn.MultiHeadAttention(2, 4)(x3, x3, randn(rng(1), 2, 3, 4, 8))
 
 
 def test_mha_rejects_key_value_length_mismatch():
     layer = keras_attn.MultiHeadAttention(2, 4)
-    with pytest.raises(ValueError, match=r"same length S.*Received: key.shape=\(2, 7, 8\)"):
-        layer(x3, randn(rng(1), 2, 7, 8), randn(rng(2), 2, 6, 8))
+    with pytest.raises(ValueError, match=r"same length S.*Received: key.shape=\(2, 6, 8\)"):
+        layer(x3, randn(rng(1), 2, 7, 8), randn(rng(2), 2, 6, 8))  # (query, value, key)
 
 
 @pytest.mark.parametrize("shape", [(2, 5, 6), (3, 5, 5), (2, 3, 5, 5), (6,)])
@@ -60,17 +62,17 @@ def test_mha_accepts_broadcastable_masks():
 
 def test_encoder_model_dim_not_divisible_by_heads():
     with pytest.raises(ValueError, match=r"D=8.*num_heads=3.*Received: model_dim=8, num_heads=3"):
-        keras_attn.TransformerEncoderLayer(3, 16)(x3)
+        keras_attn.TransformerEncoderLayer(3, intermediate_dim=16)(x3)
 
 
 def test_encoder_rejects_wrong_rank():
     with pytest.raises(ValueError, match=r"`inputs` must have rank 3.*Received: inputs.shape"):
-        keras_attn.TransformerEncoderLayer(2, 16)(randn(rng(0), 5, 8))
+        keras_attn.TransformerEncoderLayer(2, intermediate_dim=16)(randn(rng(0), 5, 8))
 
 
 def test_encoder_rejects_bad_padding_mask():
     with pytest.raises(ValueError, match=r"`key_mask` must be broadcastable.*Received"):
-        keras_attn.TransformerEncoderLayer(2, 16)(x3, padding_mask=np.ones((2, 4), bool))
+        keras_attn.TransformerEncoderLayer(2, intermediate_dim=16)(x3, padding_mask=np.ones((2, 4), bool))
 
 
 def test_functional_core_errors():

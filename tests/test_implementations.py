@@ -6,7 +6,7 @@ import pytest
 
 import keras_attn
 from keras_attn import _device, config
-from keras_attn.attention import select_implementation
+from keras_attn._paths import select_implementation
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from . import reference

@@ -23,10 +23,10 @@ def _seq2seq_model(normalize_first=False):
     target = keras.Input((T,), dtype="int32", name="target")
     memory = keras.layers.Embedding(10, D, mask_zero=True)(source)
     memory = keras_attn.TransformerEncoderLayer(
-        2, 16, normalize_first=normalize_first, name="encoder")(memory)
+        2, intermediate_dim=16, normalize_first=normalize_first, name="encoder")(memory)
     x = keras.layers.Embedding(10, D, mask_zero=True)(target)
     x = keras_attn.TransformerDecoderLayer(
-        2, 16, normalize_first=normalize_first, name="decoder")(x, memory)
+        2, intermediate_dim=16, normalize_first=normalize_first, name="decoder")(x, memory)
     logits = keras.layers.Dense(10, name="logits")(x)
     return keras.Model([source, target], logits)
 
@@ -38,8 +38,8 @@ def _seq2seq_model(normalize_first=False):
 def test_sequential_model():
     model = keras.Sequential([
         keras.Input((T, D)),
-        keras_attn.TransformerEncoderLayer(2, 16),
-        keras_attn.TransformerDecoderLayer(2, 16),
+        keras_attn.TransformerEncoderLayer(2, intermediate_dim=16),
+        keras_attn.TransformerDecoderLayer(2, intermediate_dim=16),
         keras_attn.PositionwiseFeedForward(12, output_dim=3),
     ])
     out = model.predict(randn(rng(1), B, T, D), verbose=0)
@@ -66,7 +66,7 @@ def test_subclassed_model():
     class Tiny(keras.Model):
         def __init__(self):
             super().__init__()
-            self.encoder = keras_attn.TransformerEncoderLayer(2, 16, normalize_first=True)
+            self.encoder = keras_attn.TransformerEncoderLayer(2, intermediate_dim=16, normalize_first=True)
             self.head = keras.layers.Dense(1)
 
         def call(self, x, training=False):
@@ -93,9 +93,9 @@ def test_subclassed_model():
     lambda: keras_attn.PositionwiseFeedForward(
         9, output_dim=4, activation="gelu", dropout=0.2, use_bias=False),
     lambda: keras_attn.TransformerEncoderLayer(
-        2, 12, key_dim=3, dropout=0.1, activation="gelu", layer_norm_epsilon=1e-6,
+        2, intermediate_dim=12, key_dim=3, dropout=0.1, activation="gelu", layer_norm_epsilon=1e-6,
         normalize_first=True),
-    lambda: keras_attn.TransformerDecoderLayer(4, 10, dropout=0.2),
+    lambda: keras_attn.TransformerDecoderLayer(4, intermediate_dim=10, dropout=0.2),
 ], ids=["mha", "ffn", "encoder", "decoder"])
 def test_config_round_trip(make):
     layer = make()
@@ -128,7 +128,7 @@ def test_keras_file_round_trip(tmp_path):
 def test_embedding_mask_equals_explicit_padding_mask():
     tokens = _tokens()
     embed = keras.layers.Embedding(10, D, mask_zero=True)
-    encoder = keras_attn.TransformerEncoderLayer(2, 16)
+    encoder = keras_attn.TransformerEncoderLayer(2, intermediate_dim=16)
 
     inputs = keras.Input((T,), dtype="int32")
     model = keras.Model(inputs, encoder(embed(inputs)))
@@ -183,7 +183,7 @@ def test_fit_reduces_loss():
     y = x.sum(axis=-1, keepdims=True)
     model = keras.Sequential([
         keras.Input((T, D)),
-        keras_attn.TransformerEncoderLayer(2, 16, normalize_first=True),
+        keras_attn.TransformerEncoderLayer(2, intermediate_dim=16, normalize_first=True),
         keras.layers.Dense(1),
     ])
     model.compile(keras.optimizers.Adam(1e-2), "mse")
@@ -194,7 +194,7 @@ def test_fit_reduces_loss():
 
 def test_training_flag_switches_dropout():
     x = randn(rng(7), B, T, D)
-    layer = keras_attn.TransformerEncoderLayer(2, 16, dropout=0.5)
+    layer = keras_attn.TransformerEncoderLayer(2, intermediate_dim=16, dropout=0.5)
     inference_a = to_numpy(layer(x, training=False))
     inference_b = to_numpy(layer(x))
     train = to_numpy(layer(x, training=True))
@@ -244,11 +244,11 @@ def test_mixed_precision_large_activations_are_finite(policy):
 
 def test_decoder_memory_contract():
     x, memory = randn(rng(10), B, T, D), randn(rng(11), B, 4, D)
-    decoder_only = keras_attn.TransformerDecoderLayer(2, 8)
+    decoder_only = keras_attn.TransformerDecoderLayer(2, intermediate_dim=8)
     decoder_only(x)
     with pytest.raises(ValueError, match="built without `memory`.*Received: memory.shape"):
         decoder_only(x, memory)
-    cross = keras_attn.TransformerDecoderLayer(2, 8)
+    cross = keras_attn.TransformerDecoderLayer(2, intermediate_dim=8)
     cross(x, memory)
     with pytest.raises(ValueError, match="Received: memory=None"):
         cross(x)

@@ -39,7 +39,7 @@ def test_mha_cross_attention_with_different_dims():
     q, k, v = randn(g, B, T, 6), randn(g, B, S, 10), randn(g, B, S, 3)
     layer = keras_attn.MultiHeadAttention(
         num_heads=2, key_dim=5, value_dim=7, output_dim=9)
-    layer.build(q.shape, k.shape, v.shape)
+    layer.build(q.shape, v.shape, k.shape)  # Keras order: (query, value, key)
     assert tuple(layer.query_dense.kernel.shape) == (6, 10)
     assert tuple(layer.key_dense.kernel.shape) == (10, 10)
     assert tuple(layer.value_dense.kernel.shape) == (3, 14)
@@ -47,7 +47,7 @@ def test_mha_cross_attention_with_different_dims():
     randomize_weights(layer, seed=2)
     mask = g.random((B, T, S)) > 0.4
     mask[1, 2] = False  # a query that may attend nothing
-    out = layer(q, k, v, attention_mask=mask)
+    out = layer(q, v, k, attention_mask=mask)
     ref_out, _ = reference.multi_head_attention(
         reference_params(layer), q, k, v, num_heads=2, mask=mask)
     assert out.shape == (B, T, 9)

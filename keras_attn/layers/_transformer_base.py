@@ -20,7 +20,8 @@ class TransformerLayerBase(keras.layers.Layer):
     def __init__(
         self,
         num_heads,
-        intermediate_dim,
+        *args,
+        intermediate_dim=None,
         key_dim=None,
         dropout=0.0,
         activation="relu",
@@ -30,6 +31,15 @@ class TransformerLayerBase(keras.layers.Layer):
         bias_initializer="zeros",
         **kwargs,
     ):
+        if args:
+            raise TypeError(
+                f"{type(self).__name__} takes `num_heads` positionally and every other "
+                "argument by keyword (keras-hub's TransformerEncoder/Decoder take "
+                "(intermediate_dim, num_heads): a positional second argument is "
+                f"ambiguous). Call it as {type(self).__name__}(num_heads, "
+                f"intermediate_dim=...). Received: {len(args)} extra positional "
+                f"argument(s) {args!r}"
+            )
         super().__init__(**kwargs)
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
@@ -75,7 +85,7 @@ class TransformerLayerBase(keras.layers.Layer):
             name=name,
             **self._initializers(),
         )
-        layer.build(query_shape, key_shape, key_shape)
+        layer.build(query_shape, value_shape=key_shape)
         return layer
 
     def _norm(self, name, input_shape):
@@ -105,12 +115,12 @@ class TransformerLayerBase(keras.layers.Layer):
         def attend(x):
             result = layer(
                 x,
-                key,
+                value=key,
                 attention_mask=attention_mask,
                 use_causal_mask=causal,
                 return_attention_scores=scores is not None,
                 training=training,
-                key_mask=key_mask,
+                value_mask=key_mask,
             )
             if scores is None:
                 return result

@@ -5,19 +5,21 @@ import math
 import keras
 from keras import ops
 
-from keras_attn._validation import (
-    check_broadcastable,
-    check_dropout,
-    check_positive_int,
-    check_rank,
-    static_shape,
-)
-from keras_attn.attention import (
+from keras_attn._paths import (
+    attend,
     check_implementation,
     combine_masks,
     fused_attention_bthd,
-    scaled_dot_product_attention,
     select_implementation,
+)
+from keras_attn._shapes import static_shape
+from keras_attn._validation import (
+    as_bool_mask,
+    check_broadcastable,
+    check_dropout,
+    check_floating,
+    check_positive_int,
+    check_rank,
 )
 from keras_attn.layers._common import clone_initializer
 
@@ -32,6 +34,26 @@ class MultiHeadAttention(keras.layers.Layer):
     `head_h = attention(query W_q^h, key W_k^h, value W_v^h)` and attention is
     `keras_attn.scaled_dot_product_attention`.
 
+    A drop-in for `keras.layers.MultiHeadAttention`: the same call order
+    `(query, value, key)`, with `key` defaulting to `value`, the same mask
+    arguments and the same constructor names (`output_shape`,
+    `attention_axes` for the default axis, regularizers, constraints,
+    `seed`). Weights of a Keras layer are brought over with
+    `keras_attn.convert.multi_head_attention_from_keras`. Deliberate
+    differences:
+
+    - With `use_causal_mask=True` and `T != S`, causal masking is aligned to
+      the bottom-right corner (query `i` attends key `j <= i + S - T`: the
+      `T` queries are the last `T` positions, as for new tokens over a
+      cache); Keras's layer aligns it to the top-left (`j <= i`). With
+      `T == S` both are the usual lower triangle.
+    - The query's Keras mask (`query_mask`) marks padded query rows on the
+      output but does not mask them inside attention: a padded query still
+      attends the real keys (Keras's layer masks the whole row).
+    - `value` may be omitted: `layer(x)` is self-attention.
+    - A floating `attention_mask` raises a `ValueError` (Keras casts it):
+      a 0/1 keep-mask and an additive 0/-inf mask look alike.
+
     Shapes: B batch, T query length, S key/value length, H `num_heads`,
     q_dim, k_dim, v_dim the widths of query, key and value (they may all
     differ), d_k `key_dim`, d_v `value_dim`.
@@ -41,10 +63,9 @@ class MultiHeadAttention(keras.layers.Layer):
     (`(k_dim, H * d_k)`), `value_dense` (`(v_dim, H * d_v)`) and
     `output_dense` (`(H * d_v, output_dim)`). Head `h` owns columns
     `[h * d_k, (h + 1) * d_k)` of the query and key kernels (and likewise for
-    values). This is the transpose of `torch.nn.MultiheadAttention`'s
-    layout: to port its weights, split `in_proj_weight` into its q, k, v
-    blocks and transpose each (`kernel = W.T`), and use
-    `out_proj.weight.T` for `output_dense`.
+    values). Keras's layer keeps the same numbers as `(q_dim, H, d_k)`
+    `EinsumDense` kernels; `torch.nn.MultiheadAttention` keeps their
+    transposes (see `keras_attn.convert`).
 
     Args:
         num_heads: H, the number of attention heads.
@@ -65,23 +86,34 @@ class MultiHeadAttention(keras.layers.Layer):
             (no head transposes); attention scores and attention dropout
             always use the explicit path. The weights are the same on
             every path.
-        **kwargs: base layer arguments (`name`, `dtype`, ...).
+        output_shape: Keras's name for the output width: an int or a
+            1-tuple, the same as `output_dim` (give one or the other).
+        attention_axes: Keras's argument; only the default (`None`, or the
+            time axis `1` / `-2` of rank-3 inputs) is supported.
+        kernel_constraint: constraint of the dense kernels.
+        bias_constraint: constraint of the dense biases.
+        flash_attention: Keras's argument: `None` (default) leaves the
+            choice to `implementation`; `True` means `implementation="fused"`
+            and `False` means `"explicit"`.
+        **kwargs: base layer arguments (`name`, `dtype`,
+            `activity_regularizer`, ...).
 
     Call arguments:
-        query: `(B, T, q_dim)`.
-        key: `(B, S, k_dim)`. Defaults to `query` (self-attention).
-        value: `(B, S, v_dim)`. Defaults to `key`.
-        attention_mask: boolean, broadcastable to `(B, T, S)` or
-            `(B, H, T, S)`; True = may attend. Combined (logical AND) with
-            the causal mask and with the Keras masks of the inputs.
-        use_causal_mask: if True, query `i` may only attend key
-            `j <= i + (S - T)`.
+        query: `(B, T, q_dim)`, floating.
+        value: `(B, S, v_dim)`. Defaults to `key`, or to `query`
+            (self-attention) when `key` is not given either.
+        key: `(B, S, k_dim)`. Defaults to `value`.
+        query_mask, value_mask, key_mask: Keras masks `(B, T)`, `(B, S)`,
+            `(B, S)`, bool or integer, filled in by Keras from masked inputs
+            (for example after `Embedding(mask_zero=True)`). Masked keys and
+            values are never attended; the output carries the query's mask.
+        attention_mask: bool or integer, broadcastable to `(B, T, S)` or
+            `(B, H, T, S)`; True (nonzero) = may attend. Combined (logical
+            AND) with the causal mask and with the Keras masks of the inputs.
         return_attention_scores: also return the attention weights.
         training: whether attention dropout is active.
-        query_mask, key_mask, value_mask: Keras masks `(B, T)`, `(B, S)`,
-            `(B, S)`, filled in by Keras from masked inputs (for example
-            after `Embedding(mask_zero=True)`). Masked keys and values are
-            never attended; the output carries the query's mask.
+        use_causal_mask: if True, query `i` may only attend key
+            `j <= i + (S - T)`.
         mask: the query's Keras mask when `query` is the only tensor
             argument (Keras fills it in); used as `query_mask`.
 
@@ -105,21 +137,31 @@ class MultiHeadAttention(keras.layers.Layer):
         bias_regularizer=None,
         seed=None,
         implementation="auto",
+        output_shape=None,
+        attention_axes=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        flash_attention=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.key_dim = check_positive_int("key_dim", key_dim)
         self.value_dim = check_positive_int("value_dim", value_dim, allow_none=True)
-        self.output_dim = check_positive_int("output_dim", output_dim, allow_none=True)
+        output_dim = check_positive_int("output_dim", output_dim, allow_none=True)
+        self.output_dim = _output_dim_from_shape(output_dim, output_shape)
         self.dropout = check_dropout("dropout", dropout)
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        _check_attention_axes(attention_axes)
         self.seed = seed
-        self.implementation = check_implementation(implementation)
+        self.implementation = _implementation_from_flash(
+            check_implementation(implementation), flash_attention)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         self.supports_masking = True
 
@@ -136,16 +178,20 @@ class MultiHeadAttention(keras.layers.Layer):
             bias_initializer=clone_initializer(self.bias_initializer),
             kernel_regularizer=self.kernel_regularizer,
             bias_regularizer=self.bias_regularizer,
+            kernel_constraint=self.kernel_constraint,
+            bias_constraint=self.bias_constraint,
             dtype=self.dtype_policy,
             name=name,
         )
 
-    def build(self, query_shape, key_shape=None, value_shape=None):
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        """Create the projections; shapes in Keras's order `(query, value, key)`."""
         query_shape = check_rank("query", query_shape, 3, "(B, T, q_dim)")
-        key_shape = query_shape if key_shape is None else check_rank(
+        if value_shape is None:
+            value_shape = query_shape if key_shape is None else key_shape
+        value_shape = check_rank("value", value_shape, 3, "(B, S, v_dim)")
+        key_shape = value_shape if key_shape is None else check_rank(
             "key", key_shape, 3, "(B, S, k_dim)")
-        value_shape = key_shape if value_shape is None else check_rank(
-            "value", value_shape, 3, "(B, S, v_dim)")
         H, d_k, d_v = self.num_heads, self.key_dim, self.head_value_dim
         out_dim = self.output_dim or query_shape[-1]
 
@@ -198,6 +244,7 @@ class MultiHeadAttention(keras.layers.Layer):
         """Merge the explicit mask and the key padding into `(B, H|1, T, S)`."""
         B, T = static_shape(query)[:2]
         S = static_shape(key)[1]
+        attention_mask = as_bool_mask("attention_mask", attention_mask)
         if attention_mask is not None:
             rank = len(static_shape(attention_mask))
             if rank == 4:
@@ -214,38 +261,61 @@ class MultiHeadAttention(keras.layers.Layer):
             key_padding = ops.expand_dims(ops.expand_dims(key_padding, 1), 1)  # (B, 1, 1, S)
         return combine_masks(attention_mask, key_padding)
 
-    def call(
-        self,
-        query,
-        key=None,
-        value=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
-        query_mask=None,
-        key_mask=None,
-        value_mask=None,
-        mask=None,
-    ):
-        query_mask = query_mask if query_mask is not None else mask
-        if key is None:
-            key, key_mask = query, (key_mask if key_mask is not None else query_mask)
-        if value is None:
-            value, value_mask = key, (value_mask if value_mask is not None else key_mask)
-        check_rank("query", query, 3, "(B, T, q_dim)")
-        check_rank("key", key, 3, "(B, S, k_dim)")
-        check_rank("value", value, 3, "(B, S, v_dim)")
-        S_key, S_value = static_shape(key)[1], static_shape(value)[1]
+    def _check_inputs(self, query, value, key):
+        """Ranks, dtypes, batch and length agreement, and the built widths."""
+        shapes = {}
+        for name, x, layout in (("query", query, "(B, T, q_dim)"),
+                                ("value", value, "(B, S, v_dim)"),
+                                ("key", key, "(B, S, k_dim)")):
+            shapes[name] = check_rank(name, x, 3, layout)
+            check_floating(name, x)
+        batches = {n: s[0] for n, s in shapes.items() if s[0] is not None}
+        if len(set(batches.values())) > 1:
+            raise ValueError(
+                "`query`, `value` and `key` must have the same batch size B. Received: "
+                + ", ".join(f"{n}.shape={shapes[n]}" for n in shapes))
+        S_key, S_value = shapes["key"][1], shapes["value"][1]
         if None not in (S_key, S_value) and S_key != S_value:
             raise ValueError(
                 "`key` and `value` must have the same length S. "
-                f"Received: key.shape={static_shape(key)}, "
-                f"value.shape={static_shape(value)}"
+                f"Received: key.shape={shapes['key']}, value.shape={shapes['value']}"
             )
-        mask_4d = self._attention_mask(
-            query, key, attention_mask, combine_masks(key_mask, value_mask)
-        )
+        if self.built:
+            for name, dense in (("query", self.query_dense), ("value", self.value_dense),
+                                ("key", self.key_dense)):
+                width, built = shapes[name][-1], dense.kernel.shape[0]
+                if width is not None and width != built:
+                    raise ValueError(
+                        f"Layer '{self.name}' was built for `{name}` of width {built}, "
+                        f"and cannot be called on another width. "
+                        f"Received: {name}.shape={shapes[name]}"
+                    )
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        mask=None,
+    ):
+        query_mask = query_mask if query_mask is not None else mask
+        if value is None and key is None:  # self-attention
+            value, value_mask = query, (value_mask if value_mask is not None else query_mask)
+        elif value is None:
+            value, value_mask = key, (value_mask if value_mask is not None else key_mask)
+        if key is None:
+            key, key_mask = value, (key_mask if key_mask is not None else value_mask)
+        self._check_inputs(query, value, key)
+        key_padding = combine_masks(as_bool_mask("key_mask", key_mask),
+                                    as_bool_mask("value_mask", value_mask))
+        mask_4d = self._attention_mask(query, key, attention_mask, key_padding)
 
         H, d_k, d_v = self.num_heads, self.key_dim, self.head_value_dim
         training = bool(training)
@@ -260,48 +330,42 @@ class MultiHeadAttention(keras.layers.Layer):
         q = self._project_heads(self.query_dense, query, d_k)  # (B, T, H, d_k)
         k = self._project_heads(self.key_dense, key, d_k)  # (B, S, H, d_k)
         v = self._project_heads(self.value_dense, value, d_v)  # (B, S, H, d_v)
+        scale = 1.0 / math.sqrt(d_k)
         scores = None
-        if path == "fused":
+        if path == "fused" and 0 not in (T, S):
             # Keras's (B, T, H, d) layout: no transposes on our side.
             attended = fused_attention_bthd(
-                q, k, v, mask=mask_4d, is_causal=use_causal_mask,
-                scale=1.0 / math.sqrt(d_k))  # (B, T, H, d_v)
+                q, k, v, mask=mask_4d, is_causal=use_causal_mask, scale=scale)  # (B, T, H, d_v)
         else:
-            q, k, v = (ops.transpose(x, (0, 2, 1, 3)) for x in (q, k, v))  # (B, H, L, d)
-            attended = scaled_dot_product_attention(
-                q, k, v,
-                mask=mask_4d,
-                is_causal=use_causal_mask,
-                dropout_rate=self.dropout,
-                seed=self.seed_generator,
-                training=training,
-                return_attention_scores=bool(return_attention_scores),
-                implementation=path,
-            )
+            q, k, v = (ops.swapaxes(x, 1, 2) for x in (q, k, v))  # (B, H, L, d)
+            attended = attend(
+                path, q, k, v, mask=mask_4d, is_causal=use_causal_mask, scale=scale,
+                dropout_rate=self.dropout, seed=self.seed_generator, training=training,
+                return_attention_scores=bool(return_attention_scores))
             if return_attention_scores:
                 attended, scores = attended
-            attended = ops.transpose(attended, (0, 2, 1, 3))  # (B, T, H, d_v)
+            attended = ops.swapaxes(attended, 1, 2)  # (B, T, H, d_v)
         output = self._project_output(attended)  # (B, T, output_dim)
         if return_attention_scores:
             return output, scores
         return output
 
-    def compute_output_shape(self, query_shape, key_shape=None, value_shape=None):
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         query_shape = check_rank("query", query_shape, 3, "(B, T, q_dim)")
         return query_shape[:-1] + (self.output_dim or query_shape[-1],)
 
     def compute_output_spec(
-        self, query, key=None, value=None, attention_mask=None,
-        use_causal_mask=False, return_attention_scores=False, training=None,
-        query_mask=None, key_mask=None, value_mask=None, mask=None,
+        self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None,
+        attention_mask=None, return_attention_scores=False, training=None,
+        use_causal_mask=False, mask=None,
     ):
-        key = query if key is None else key
+        source = value if value is not None else (key if key is not None else query)
         output = keras.KerasTensor(
             self.compute_output_shape(query.shape), dtype=self.compute_dtype)
         if not return_attention_scores:
             return output
         B, T = query.shape[0], query.shape[1]
-        scores_shape = (B, self.num_heads, T, key.shape[1])
+        scores_shape = (B, self.num_heads, T, source.shape[1])
         return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
 
     def get_config(self):
@@ -317,7 +381,55 @@ class MultiHeadAttention(keras.layers.Layer):
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
             "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+            "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
+            "bias_constraint": keras.constraints.serialize(self.bias_constraint),
             "seed": self.seed,
             "implementation": self.implementation,
         })
         return config
+
+
+def _output_dim_from_shape(output_dim, output_shape):
+    """Keras's `output_shape` (an int or a 1-tuple) as `output_dim`."""
+    if output_shape is None:
+        return output_dim
+    shape = (output_shape,) if isinstance(output_shape, int) else tuple(output_shape)
+    if len(shape) != 1:
+        raise ValueError(
+            "`output_shape` must be an int or a 1-tuple (the output width; this layer "
+            f"takes rank-3 inputs). Received: output_shape={output_shape!r}"
+        )
+    width = check_positive_int("output_shape", shape[0])
+    if output_dim is not None and output_dim != width:
+        raise ValueError(
+            "`output_dim` and `output_shape` name the same width; give one. "
+            f"Received: output_dim={output_dim}, output_shape={output_shape!r}"
+        )
+    return width
+
+
+def _check_attention_axes(attention_axes):
+    """Only Keras's default axis is supported: attention over the time axis of `(B, T, dim)`."""
+    if attention_axes is None:
+        return
+    axes = (attention_axes,) if isinstance(attention_axes, int) else tuple(attention_axes)
+    if axes not in ((1,), (-2,)):
+        raise ValueError(
+            "`attention_axes` other than the default (the time axis of (B, T, dim) "
+            "inputs: None, 1 or -2) are not supported; reshape the extra axes into the "
+            f"batch instead. Received: attention_axes={attention_axes!r}"
+        )
+
+
+def _implementation_from_flash(implementation, flash_attention):
+    """Keras's `flash_attention` flag in terms of `implementation`."""
+    if flash_attention is None:
+        return implementation
+    wanted = "fused" if flash_attention else "explicit"
+    if implementation not in ("auto", wanted):
+        raise ValueError(
+            f"`flash_attention={flash_attention}` means implementation='{wanted}', which "
+            f"conflicts with implementation='{implementation}'. Give one of them. "
+            f"Received: flash_attention={flash_attention!r}, implementation={implementation!r}"
+        )
+    return wanted

@@ -1,0 +1,358 @@
+"""The attention implementations (explicit, fused) and the choice between them.
+
+Dimension letters: B batch, H heads, T query length, S key length, d_k and
+d_v head widths. Masks are bool, True = may attend; `bias` is additive.
+
+- explicit: materialised logits and weights, softmax in float32 at least;
+  the only path that returns the weights or applies attention dropout.
+- fused: `keras.ops.dot_product_attention` (PyTorch's SDPA, cuDNN/flash on
+  GPU), wrapped so that it has this package's mask semantics.
+- blockwise: the online-softmax loop in `_blockwise.py`.
+
+`select_implementation` holds the one rule that picks among them, and
+`paths_taken` counts the choices so that tests can observe which path ran.
+"""
+
+import collections
+import functools
+import math
+
+import keras
+from keras import ops
+
+from keras_attn import config
+from keras_attn._blockwise import blockwise_attention
+from keras_attn._shapes import broadcast_lead, softmax_dtype, static_shape, to_rank
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "attend",
+    "causal_mask",
+    "check_implementation",
+    "combine_masks",
+    "empty_attention",
+    "explicit_attention",
+    "fused_attention",
+    "fused_attention_bthd",
+    "paths_taken",
+    "select_implementation",
+    "zero_unattended_keys",
+]
+
+IMPLEMENTATIONS = ("auto", "fused", "blockwise", "explicit")
+
+# path name -> number of times it was chosen (at trace time under a compiler).
+paths_taken = collections.Counter()
+
+
+def check_implementation(implementation):
+    """`implementation` is one of `IMPLEMENTATIONS`, else a `ValueError`."""
+    if not isinstance(implementation, str) or implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"`implementation` must be one of {IMPLEMENTATIONS}. "
+            f"Received: implementation={implementation!r}"
+        )
+    return implementation
+
+
+def combine_masks(*masks):
+    """Logical AND of boolean masks, with broadcasting; `None`s are ignored."""
+    combined = None
+    for mask in masks:
+        if mask is None:
+            continue
+        mask = ops.cast(mask, "bool")
+        combined = mask if combined is None else ops.logical_and(combined, mask)
+    return combined
+
+
+def _known_scores(lead, T, S):
+    """`prod(lead) * T * S` over the dims known statically (an unknown dim counts as 1)."""
+    return math.prod(d for d in (*lead, T, S) if d is not None)
+
+
+def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_causal,
+                          needs_weights, symbolic):
+    """The path a call takes; see `scaled_dot_product_attention`.
+
+    Args:
+        implementation: the requested one (`"auto"` resolves here).
+        lead: static leading dims of the scores (batch, heads, ...), None where unknown.
+        T, S: static query and key lengths (None if unknown).
+        has_mask, has_bias, is_causal: what the call carries.
+        needs_weights: scores are requested, or attention dropout is active;
+            only the explicit path materialises the weights.
+        symbolic: the inputs are `KerasTensor`s (shape inference only).
+    """
+    check_implementation(implementation)
+    if needs_weights or symbolic:
+        return _taken("explicit")
+    if implementation == "blockwise" and (T is None or S is None):
+        raise ValueError(
+            "`implementation='blockwise'` needs static query and key lengths. "
+            f"Received: implementation={implementation!r} with T={T}, S={S}"
+        )
+    if implementation != "auto":
+        return _taken(implementation)
+    if T is None or S is None:
+        return _taken("fused")  # blockwise needs static lengths
+    # An unknown batch dim (a `None` input signature, an export) counts as 1:
+    # the per-example score count alone decides, so a long sequence never
+    # falls back to the full score matrix just because the batch is symbolic.
+    if _known_scores(lead, T, S) <= config.blockwise_threshold():
+        return _taken("fused")
+    if (keras.backend.backend() == "torch" and not has_mask and not has_bias
+            and (not is_causal or T == S)):
+        # PyTorch's SDPA runs its own flash kernel here (no mask to
+        # materialise): linear memory already, and faster than a loop.
+        return _taken("fused")
+    return _taken("blockwise")
+
+
+def _taken(path):
+    paths_taken[path] += 1
+    return path
+
+
+# ----------------------------------------------------------------------------
+# Semantics shared by every path.
+
+
+def zero_unattended_keys(key, value, allowed, key_axis):
+    """Zero the keys and values that no query may attend.
+
+    `allowed` broadcasts to the scores `(..., T, S)`. A masked-out key gets
+    weight exactly 0, but `0 * NaN` is NaN in the weights-times-values
+    product: zeroing the key and value of a position that no query may see
+    (padding) keeps NaN or inf stored there out of every output and gradient.
+
+    Args:
+        key, value: `(..., S, d)` (`key_axis=-2`) or `(B, S, H, d)` (`key_axis=1`).
+        allowed: bool, broadcastable to `(..., T, S)` or `(B, H, T, S)`.
+        key_axis: where S sits in `key`/`value`.
+    """
+    if allowed is None:
+        return key, value
+    live = ops.any(allowed, axis=-2)  # (..., S): attended by some query
+    if key_axis == -2:
+        live = ops.expand_dims(live, -1)  # (..., S, 1)
+    else:  # (B|1, H|1, S) -> (B|1, S, H|1, 1)
+        live = ops.expand_dims(ops.swapaxes(to_rank(live, 3), 1, 2), -1)
+    return ops.where(live, key, ops.zeros_like(key)), ops.where(live, value, ops.zeros_like(value))
+
+
+def empty_attention(query, key, value, return_attention_scores=False):
+    """T == 0 or S == 0: an empty output, or zero rows (no key to attend).
+
+    Written as products so that the result stays connected to the inputs and
+    every gradient is a (zero) tensor of the right shape, on every backend.
+    """
+    weights = ops.matmul(query, ops.swapaxes(key, -1, -2)) * 0  # (..., T, S), empty
+    output = ops.matmul(ops.cast(weights, value.dtype), value)  # (..., T, d_v), zeros
+    if return_attention_scores:
+        return output, ops.cast(weights, value.dtype)
+    return output
+
+
+def causal_mask(T, S):
+    """Bottom-right aligned causal mask `(T, S)`: key j <= query i + (S - T)."""
+    rows = ops.expand_dims(ops.arange(T, dtype="int32"), 1)  # (T, 1)
+    cols = ops.expand_dims(ops.arange(S, dtype="int32"), 0)  # (1, S)
+    return ops.less_equal(cols, rows + (ops.cast(S, "int32") - ops.cast(T, "int32")))
+
+
+def _masked_softmax(logits, allowed):
+    """Softmax over the last axis restricted to `allowed` keys.
+
+    A row with no allowed key (all masked, or all -inf bias) gets all-zero
+    weights. Disallowed logits become -inf, so they contribute exp(-inf) = 0
+    and receive zero gradient; the row maximum is replaced by 0 where it is
+    -inf so that no `-inf - -inf = NaN` appears, forward or backward.
+    """
+    if allowed is not None:
+        logits = ops.where(allowed, logits, float("-inf"))
+    row_max = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True))
+    row_max = ops.where(ops.isfinite(row_max), row_max, ops.zeros_like(row_max))
+    unnormalized = ops.exp(logits - row_max)
+    total = ops.sum(unnormalized, axis=-1, keepdims=True)
+    total = ops.where(total > 0, total, ops.ones_like(total))
+    return unnormalized / total
+
+
+def explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
+                       training, return_attention_scores):
+    """Materialised logits and weights `(..., T, S)`; softmax in float32 at least."""
+    compute = softmax_dtype(query.dtype)
+    q, k = ops.cast(query, compute), ops.cast(key, compute)
+    logits = ops.matmul(q, ops.swapaxes(k, -1, -2)) * scale  # (..., T, S)
+    if bias is not None:
+        logits = logits + ops.cast(bias, compute)
+    allowed = mask
+    if is_causal:
+        allowed = combine_masks(allowed, causal_mask(ops.shape(query)[-2], ops.shape(key)[-2]))
+    weights = ops.cast(_masked_softmax(logits, allowed), value.dtype)  # (..., T, S)
+    attended = weights
+    if training and dropout_rate > 0.0:
+        attended = keras.random.dropout(weights, dropout_rate, seed=seed)
+    output = ops.matmul(attended, value)  # (..., T, d_v)
+    if return_attention_scores:
+        return output, weights
+    return output
+
+
+# ----------------------------------------------------------------------------
+# The fused path.
+
+
+def _large_negative(dtype):
+    """A finite stand-in for -inf that still underflows exp() in float32 softmax."""
+    return -0.7 * (65504.0 if keras.backend.standardize_dtype(dtype) == "float16" else 3.4e38)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_keeps_half_precision():
+    """Whether `ops.dot_product_attention` takes float16/bfloat16 as they are.
+
+    PyTorch's SDPA kernels, and JAX's on a GPU (cuDNN), accumulate the
+    logits and the softmax in float32 internally. TensorFlow's and NumPy's
+    (Keras's own math) compute the softmax in the input dtype, where logits
+    beyond 65504 overflow to NaN in float16, and JAX's XLA kernel on the CPU
+    asks for a float16 x float16 -> float32 dot that the CPU compiler
+    rejects under `jit`. Those get float32 inputs instead.
+    """
+    backend = keras.backend.backend()
+    if backend == "torch":
+        return True
+    if backend == "jax":
+        try:
+            return keras.distribution.list_devices()[0].startswith(("gpu", "cuda"))
+        except Exception:  # no device list: be safe
+            return False
+    return False
+
+
+def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=False, scale=None):
+    """`keras.ops.dot_product_attention` with keras_attn's mask semantics.
+
+    Layout `(B, T, H, d)` (heads after time, as `keras.ops.dot_product_attention`
+    wants). `mask`/`bias` broadcast to `(B, H, T, S)`. Causal masking is
+    bottom-right aligned: the backend's `is_causal` flag (top-left aligned on
+    PyTorch) is used only when `T == S` statically and there is no mask or
+    bias; otherwise the causal mask is folded into the mask. Rows with no
+    allowed key are re-opened before the kernel (so that it never sees a
+    fully masked row, which gives NaN on PyTorch and a uniform row on JAX and
+    TensorFlow) and zeroed after it, which keeps values and gradients finite.
+    Keys that no query may attend are zeroed (`zero_unattended_keys`).
+    Half precision runs the kernel in float32 where the backend's kernel
+    would not (`_kernel_keeps_half_precision`).
+
+    Returns:
+        `(B, T, H, d_v)` in the dtype of `value`.
+    """
+    out_dtype = value.dtype
+    if "float16" in keras.backend.standardize_dtype(query.dtype) and not (
+            _kernel_keeps_half_precision()):
+        query, key, value = (ops.cast(x, "float32") for x in (query, key, value))
+    d_k, d_v = static_shape(query)[-1], static_shape(value)[-1]
+    if keras.backend.backend() == "jax" and d_k != d_v:
+        # JAX's kernel (and Keras's fallback) assume d_v == d_k. Zero columns
+        # change neither q.k nor the output's first d_v columns.
+        width = max(d_k, d_v)
+        pad = [[0, 0], [0, 0], [0, 0]]
+        query, key = (ops.pad(x, pad + [[0, width - d_k]]) for x in (query, key))
+        value = ops.pad(value, pad + [[0, width - d_v]])
+        output = fused_attention_bthd(query, key, value, mask, bias, is_causal, scale)
+        return ops.cast(output[..., :d_v], out_dtype)
+    T, S = static_shape(query)[1], static_shape(key)[1]
+    use_flag = bool(is_causal) and mask is None and bias is None and T is not None and T == S
+    allowed = None if mask is None else to_rank(ops.cast(mask, "bool"), 4)
+    if is_causal and not use_flag:
+        allowed = combine_masks(allowed, causal_mask(ops.shape(query)[1], ops.shape(key)[1]))
+    if bias is not None:
+        bias = to_rank(ops.cast(bias, query.dtype), 4)
+        allowed = combine_masks(allowed, ops.greater(bias, float("-inf")))
+    keep = None
+    if allowed is not None:
+        allowed = to_rank(allowed, 4)
+        keep = ops.any(allowed, axis=-1, keepdims=True)  # (B|1, H|1, T|1, 1)
+        key, value = zero_unattended_keys(key, value, allowed, key_axis=1)
+    if bias is not None:
+        bias = ops.where(allowed, bias, _large_negative(query.dtype))
+        bias = ops.where(keep, bias, ops.zeros_like(bias))
+        output = ops.dot_product_attention(query, key, value, bias=bias, scale=scale)
+    else:
+        if keep is not None:
+            allowed = ops.logical_or(allowed, ops.logical_not(keep))
+        output = ops.dot_product_attention(
+            query, key, value, mask=allowed, scale=scale, is_causal=use_flag)
+    if keep is not None:
+        keep = ops.transpose(keep, (0, 2, 1, 3))  # (B|1, T|1, H|1, 1)
+        output = output * ops.cast(keep, output.dtype)
+    return ops.cast(output, out_dtype)
+
+
+def fused_attention(query, key, value, mask, bias, is_causal, scale, lead):
+    """The fused path for the `(..., T, d)` layout of the functional core.
+
+    `query`, `key`, `value` already share the leading dims `lead`.
+    """
+    T, d_v = static_shape(query)[-2], static_shape(value)[-1]
+    n = len(lead)
+    if n > 2:  # fold the extra leading dims into the batch
+        if any(not isinstance(d, int) for d in lead):
+            raise ValueError(
+                "The fused path needs static leading dims beyond (batch, heads). "
+                f"Received: query.shape={static_shape(query)}"
+            )
+        batch = int(math.prod(lead[:-1]))
+
+        def fold(x):
+            return ops.reshape(x, (batch, lead[-1]) + tuple(x.shape[-2:]))  # (B', H, L, w)
+
+        def fold_mask(x):
+            x = to_rank(x, n + 2)
+            x = ops.broadcast_to(x, tuple(lead) + tuple(x.shape[-2:]))
+            return fold(x)
+
+        query, key, value = fold(query), fold(key), fold(value)
+        mask = None if mask is None else fold_mask(ops.cast(mask, "bool"))
+        bias = None if bias is None else fold_mask(bias)
+    else:
+        query, key, value = (to_rank(x, 4) for x in (query, key, value))
+    q, k, v = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, L, H, d)
+    out = fused_attention_bthd(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    out = ops.swapaxes(out, 1, 2)  # (B, H, T, d_v)
+    if n > 2:
+        return ops.reshape(out, tuple(lead) + (T, d_v))
+    for _ in range(2 - n):
+        out = ops.squeeze(out, 0)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Dispatch.
+
+
+def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale=1.0,
+           dropout_rate=0.0, seed=None, training=False, return_attention_scores=False):
+    """Run the chosen `path` on `(..., L, d)` tensors (already validated).
+
+    `mask` is bool or None. Empty sequences (`T == 0` or `S == 0`) are
+    answered here, whatever the path.
+    """
+    T, S = static_shape(query)[-2], static_shape(key)[-2]
+    if 0 in (T, S):
+        return empty_attention(query, key, value, return_attention_scores)
+    if path == "fused":
+        (query, key, value), lead = broadcast_lead([query, key, value])
+        return fused_attention(query, key, value, mask, bias, is_causal, scale, lead)
+    allowed = mask
+    if bias is not None:
+        allowed = combine_masks(mask, ops.greater(bias, float("-inf")))
+    key, value = zero_unattended_keys(key, value, allowed, key_axis=-2)
+    if path == "blockwise":
+        return blockwise_attention(query, key, value, mask=mask, bias=bias,
+                                   is_causal=is_causal, scale=scale,
+                                   block_size=config.attention_block_size())
+    return explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_rate,
+                              seed, training, return_attention_scores)
