@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import keras_attn
-import keras_attn.convert as convert
+from keras_attn import convert
 from keras_attn.testing.weights import randomize_weights
 
 from .helpers import assert_close, randn, rng, to_numpy
