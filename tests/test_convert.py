@@ -1,0 +1,142 @@
+"""`keras_attn.convert` from Keras's MultiHeadAttention, on every backend.
+
+The torch converters are tested in `test_convert_torch.py`, which needs torch.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attn
+from keras_attn import convert
+from keras_attn.testing.weights import randomize_weights
+
+from .helpers import assert_close, randn, rng, to_numpy
+
+B, T, S = 2, 5, 7
+D_Q, D_K, D_V = 6, 9, 5
+
+CONFIGS = {
+    "plain": {"num_heads": 2, "key_dim": 4, "value_dim": 3},
+    "output_shape": {"num_heads": 2, "key_dim": 4, "value_dim": 3, "output_shape": 7},
+    "no_bias": {"num_heads": 2, "key_dim": 4, "value_dim": 3, "use_bias": False},
+}
+
+
+def _inputs(mode, causal, seed):
+    """Keyword inputs for Keras's layer (`query`, `value`, maybe `key`) and for ours."""
+    g = rng(seed)
+    length = T if causal or mode == "self" else S  # causal masks are compared for T == S only
+    x = randn(g, B, T, D_Q)
+    if mode == "self":
+        keras_kwargs = {"query": x, "value": x}
+    elif mode == "cross":
+        keras_kwargs = {"query": x, "value": randn(g, B, length, D_V)}
+    else:  # "cross_key": a key of its own width
+        keras_kwargs = {"query": x, "value": randn(g, B, length, D_V), "key": randn(g, B, length, D_K)}
+    # Ours gets every tensor by keyword (Keras's default key = value made explicit).
+    ours_kwargs = dict(keras_kwargs)
+    ours_kwargs.setdefault("key", ours_kwargs["value"])
+    return keras_kwargs, ours_kwargs, length
+
+
+def _keras_layer(config, keras_kwargs, seed):
+    layer = keras.layers.MultiHeadAttention(**config)
+    layer.build(**{f"{name}_shape": tensor.shape for name, tensor in keras_kwargs.items()})
+    randomize_weights(layer, seed=seed)
+    return layer
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "attention_mask", "both"])
+@pytest.mark.parametrize("mode", ["self", "cross", "cross_key"])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_from_keras_matches_keras(config, mode, mask):
+    causal = mask in ("causal", "both")
+    keras_kwargs, ours_kwargs, length = _inputs(mode, causal, seed=3)
+    source = _keras_layer(CONFIGS[config], keras_kwargs, seed=4)
+    layer = convert.multi_head_attention_from_keras(source)
+    assert isinstance(layer, keras_attn.MultiHeadAttention) and layer.built
+
+    call = {"use_causal_mask": causal}
+    if mask in ("attention_mask", "both"):
+        attention_mask = rng(5).random((B, T, length)) < 0.5
+        attention_mask[:, :, 0] = True  # every query may attend at least one key
+        call["attention_mask"] = attention_mask
+    # return_attention_scores=True keeps Keras on its explicit einsum path: its fused path
+    # (ops.dot_product_attention) fails on JAX when value_dim != key_dim.
+    expected, _ = source(**keras_kwargs, **call, return_attention_scores=True)
+    actual = layer(**ours_kwargs, **call)
+    assert_close(actual, to_numpy(expected), what=f"{config}/{mode}/{mask}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_from_keras_matches_keras_fused_path(causal):
+    """key_dim == value_dim: Keras's default (fused) path, with and without a padding mask."""
+    keras_kwargs, ours_kwargs, length = _inputs("cross_key", causal, seed=6)
+    source = _keras_layer({"num_heads": 3, "key_dim": 2}, keras_kwargs, seed=7)
+    layer = convert.multi_head_attention_from_keras(source)
+    assert_close(layer(**ours_kwargs, use_causal_mask=causal),
+                 to_numpy(source(**keras_kwargs, use_causal_mask=causal)), what="fused")
+    attention_mask = np.ones((B, T, length), bool)
+    attention_mask[1, :, length - 2:] = False  # padding at the end of the second sequence
+    assert_close(layer(**ours_kwargs, use_causal_mask=causal, attention_mask=attention_mask),
+                 to_numpy(source(**keras_kwargs, use_causal_mask=causal, attention_mask=attention_mask)),
+                 what="fused, masked")
+
+
+def test_from_keras_copies_the_configuration():
+    keras_kwargs, _, _ = _inputs("cross_key", False, seed=0)
+    source = keras.layers.MultiHeadAttention(
+        num_heads=2, key_dim=4, value_dim=3, output_shape=7, dropout=0.25, use_bias=False, seed=11)
+    source.build(**{f"{name}_shape": tensor.shape for name, tensor in keras_kwargs.items()})
+    layer = convert.multi_head_attention_from_keras(source, name="converted")
+    assert (layer.num_heads, layer.key_dim, layer.head_value_dim, layer.output_dim) == (2, 4, 3, 7)
+    assert (layer.dropout, layer.use_bias, layer.seed, layer.name) == (0.25, False, 11, "converted")
+    assert tuple(layer.query_dense.kernel.shape) == (D_Q, 8)
+    assert tuple(layer.key_dense.kernel.shape) == (D_K, 8)
+    assert tuple(layer.value_dense.kernel.shape) == (D_V, 6)
+    assert tuple(layer.output_dense.kernel.shape) == (6, 7)
+    assert layer.query_dense.bias is None
+
+
+def test_from_keras_head_layout():
+    """Head h of Keras's kernel (D_q, H, d) is our columns [h * d, (h + 1) * d)."""
+    keras_kwargs, _, _ = _inputs("self", False, seed=0)
+    source = _keras_layer(CONFIGS["plain"], keras_kwargs, seed=1)
+    layer = convert.multi_head_attention_from_keras(source)
+    theirs = to_numpy(source.query_dense.kernel)  # (D_q, H, d_k)
+    ours = to_numpy(layer.query_dense.kernel)  # (D_q, H * d_k)
+    np.testing.assert_array_equal(ours[:, 4:8], theirs[:, 1, :])
+    np.testing.assert_array_equal(to_numpy(layer.output_dense.kernel)[3:6],
+                                  to_numpy(source.output_dense.kernel)[1])
+
+
+def test_from_keras_rejects_an_unbuilt_layer():
+    with pytest.raises(ValueError, match="must be built"):
+        convert.multi_head_attention_from_keras(keras.layers.MultiHeadAttention(2, 4))
+
+
+def test_from_keras_rejects_other_layers():
+    with pytest.raises(ValueError, match="keras.layers.MultiHeadAttention"):
+        convert.multi_head_attention_from_keras(keras.layers.Dense(3))
+
+
+def test_from_keras_rejects_other_attention_axes():
+    source = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=(1, 2))
+    source.build((2, 3, 4, 6), (2, 3, 4, 6))
+    with pytest.raises(ValueError, match="attention_axes"):
+        convert.multi_head_attention_from_keras(source)
+
+
+def test_from_keras_rejects_a_gate():
+    source = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, use_gate=True)
+    source.build((2, 3, 6), (2, 3, 6))
+    with pytest.raises(ValueError, match="use_gate"):
+        convert.multi_head_attention_from_keras(source)
+
+
+def test_from_keras_rejects_derived_arguments():
+    source = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    source.build((2, 3, 6), (2, 3, 6))
+    with pytest.raises(ValueError, match="key_dim"):
+        convert.multi_head_attention_from_keras(source, key_dim=8)
