@@ -14,12 +14,15 @@ def to_numpy(x):
 WORST = {}
 
 
-def assert_close(actual, expected, dtype="float32", what="output"):
-    """Compare against the float64 reference with the project's tolerance."""
+def assert_close(actual, expected, dtype="float32", what="output", quantity="output"):
+    """Compare against the float64 reference with the project's tolerance.
+
+    `quantity` is "output" or "gradient" (see keras_attn.testing.tolerances).
+    """
     actual = np.asarray(to_numpy(actual), np.float64)
     expected = np.asarray(expected, np.float64)
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    tol = tolerance(dtype)
+    tol = tolerance(dtype, quantity)
     np.testing.assert_allclose(actual, expected, err_msg=what, **tol)
     if actual.size:
         abs_err = np.abs(actual - expected)

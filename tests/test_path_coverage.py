@@ -1,0 +1,285 @@
+"""Tests that observe which path ran, and blockwise in the places users train.
+
+`keras_attn._paths.paths_taken` counts every choice of path (at trace time
+under a compiler), so a test can tell that `auto` really went blockwise.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attn
+from keras_attn import _device, _paths, config
+from keras_attn.testing.weights import randomize_weights, reference_params
+
+from . import reference
+from .helpers import assert_close, randn, rng, to_numpy
+
+sdpa = keras_attn.scaled_dot_product_attention
+BACKEND = keras.backend.backend()
+
+
+@pytest.fixture(autouse=True)
+def _small_blocks():
+    size, threshold = config.attention_block_size(), config.blockwise_threshold()
+    config.set_attention_block_size(4)
+    _paths.paths_taken.clear()
+    yield
+    config.set_attention_block_size(size)
+    config.set_blockwise_threshold(threshold)
+
+
+def _taken():
+    return dict(_paths.paths_taken)
+
+
+# ----------------------------------------------------------------------------
+# auto: observed, not inferred from the numbers.
+
+
+def test_auto_goes_blockwise_and_the_spy_sees_it():
+    config.set_blockwise_threshold(2 * 9 * 9)  # one head's scores fit, two don't
+    g = rng(0)
+    q, k, v = randn(g, 2, 2, 9, 4), randn(g, 2, 2, 9, 4), randn(g, 2, 2, 9, 3)
+    mask = g.random((2, 1, 9, 9)) > 0.3
+    out = sdpa(q, k, v, mask=mask)
+    assert _taken() == {"blockwise": 1}
+    expected, _ = reference.scaled_dot_product_attention(q, k, v, mask=mask)
+    assert_close(out, expected)
+    sdpa(q[:1, :1], k[:1, :1], v[:1, :1], mask=mask[:1])
+    assert _taken() == {"blockwise": 1, "fused": 1}
+
+
+def test_unknown_batch_counts_as_one():
+    config.set_blockwise_threshold(4 * 64 * 64)
+    select = _paths.select_implementation
+    kw = dict(has_mask=False, has_bias=False, is_causal=True, needs_weights=False,
+              symbolic=False)
+    assert select("auto", lead=(None, 4), T=64, S=64, **kw) == "fused"
+    torch_flash = "fused" if BACKEND == "torch" else "blockwise"
+    assert select("auto", lead=(None, 4), T=65, S=65, **kw) == torch_flash
+    assert select("auto", lead=(None, 4), T=65, S=65, **dict(kw, has_mask=True)) == "blockwise"
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.function input signatures")
+def test_tf_function_with_unknown_batch_goes_blockwise():
+    import tensorflow as tf
+
+    config.set_blockwise_threshold(150)  # per example: 2 heads x 10 x 10 = 200
+    g = rng(1)
+    layer = keras_attn.MultiHeadAttention(2, 4)
+    x = randn(g, 3, 10, 8)
+    layer.build(x.shape)
+    randomize_weights(layer, seed=1)
+    fn = tf.function(lambda t: layer(t, use_causal_mask=True),
+                     input_signature=[tf.TensorSpec((None, 10, 8), tf.float32)])
+    out = fn(x)
+    assert _taken() == {"blockwise": 1}
+    expected, _ = reference.multi_head_attention(reference_params(layer), x, num_heads=2,
+                                                 is_causal=True)
+    assert_close(out, expected)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax.export symbolic shapes")
+def test_jax_export_with_symbolic_batch_goes_blockwise():
+    import jax
+    from jax import export
+
+    config.set_blockwise_threshold(150)  # per example: 2 heads x 10 x 10 = 200
+    g = rng(2)
+    layer = keras_attn.MultiHeadAttention(2, 4)
+    x = randn(g, 3, 10, 8)
+    layer.build(x.shape)
+    randomize_weights(layer, seed=2)
+    weights = [w.value for w in layer.weights]
+
+    def fn(values, t):
+        with keras.StatelessScope(state_mapping=list(zip(layer.weights, values, strict=True))):
+            return layer(t, use_causal_mask=True)
+
+    (batch,) = export.symbolic_shape("b")
+    spec = jax.ShapeDtypeStruct((batch, 10, 8), "float32")
+    exported = export.export(jax.jit(fn))(weights, spec)
+    assert _taken() == {"blockwise": 1}
+    out = exported.call(weights, x)
+    expected, _ = reference.multi_head_attention(reference_params(layer), x, num_heads=2,
+                                                 is_causal=True)
+    assert_close(out, expected)
+
+
+# ----------------------------------------------------------------------------
+# Blockwise gradients in the configurations users hit.
+
+
+def _key_padding_bias(B, S, lengths):
+    bias = np.zeros((B, 1, 1, S), "float32")
+    for b, n in enumerate(lengths):
+        bias[b, ..., n:] = -np.inf
+    return bias
+
+
+CASES = {
+    "no_causal_no_mask": dict(causal=False),
+    "key_padding_bias": dict(causal=False, bias="padding"),
+    "causal_key_padding_bias": dict(causal=True, bias="padding"),
+    "minus_inf_rows": dict(causal=False, bias="rows"),
+    "mask_and_rows_causal_T_lt_S": dict(causal=True, bias="rows", mask=True, T=5, S=9),
+}
+
+
+@pytest.mark.requires_trainable_backend
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_blockwise_gradients_against_reference(case):
+    spec = CASES[case]
+    T, S = spec.get("T", 7), spec.get("S", 7)
+    g = rng(len(case))
+    q, k, v = randn(g, 2, 2, T, 3), randn(g, 2, 2, S, 3), randn(g, 2, 2, S, 2)
+    probe = randn(g, 2, 2, T, 2)
+    bias = None
+    if spec.get("bias") == "padding":
+        bias = _key_padding_bias(2, S, [S, S - 3])
+    elif spec.get("bias") == "rows":
+        bias = randn(g, 1, 2, T, S)
+        bias[0, 1, 2] = -np.inf  # a fully forbidden row
+    mask = (g.random((2, 1, T, S)) > 0.3) if spec.get("mask") else None
+
+    def loss(q_, k_, v_):
+        out = sdpa(q_, k_, v_, mask=mask, bias=bias, is_causal=spec["causal"],
+                   implementation="blockwise")
+        return keras.ops.sum(out * keras.ops.convert_to_tensor(probe))
+
+    _, grads = _device.value_and_grad(loss, [q, k, v])
+    assert _taken() == {"blockwise": 1}
+
+    def ref_loss(which):
+        def f(x):
+            xs = [q, k, v]
+            xs[which] = x
+            out, _ = reference.scaled_dot_product_attention(
+                *xs, mask=mask, bias=bias, is_causal=spec["causal"])
+            return float((out * probe).sum())
+        return f
+
+    for which, grad in enumerate(grads):
+        assert np.isfinite(grad).all()
+        expected = reference.numerical_gradient(ref_loss(which), [q, k, v][which])
+        assert_close(grad, expected, what=f"{case} gradient {which}")
+
+
+@pytest.mark.requires_trainable_backend
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_blockwise_gradients_in_half_precision(dtype):
+    g = rng(3)
+    q, k, v = randn(g, 2, 2, 7, 4), randn(g, 2, 2, 7, 4), randn(g, 2, 2, 7, 3)
+    probe = randn(g, 2, 2, 7, 3)
+    q, k, v = (to_numpy(keras.ops.cast(keras.ops.cast(x, dtype), "float32")) for x in (q, k, v))
+
+    def loss(q_, k_, v_):
+        q_, k_, v_ = (keras.ops.cast(x, dtype) for x in (q_, k_, v_))
+        out = sdpa(q_, k_, v_, is_causal=True, implementation="blockwise")
+        return keras.ops.sum(keras.ops.cast(out, "float32") * keras.ops.convert_to_tensor(probe))
+
+    _, grads = _device.value_and_grad(loss, [q, k, v])
+    for which, grad in enumerate(grads):
+        def f(x, which=which):
+            xs = [q, k, v]
+            xs[which] = x
+            return float((reference.scaled_dot_product_attention(*xs, is_causal=True)[0]
+                          * probe).sum())
+        assert np.isfinite(grad).all()
+        assert_close(grad, reference.numerical_gradient(f, [q, k, v][which]), dtype=dtype,
+                     what=f"{dtype} gradient {which}")
+
+
+@pytest.mark.requires_trainable_backend
+def test_blockwise_gradients_through_mha_with_masks():
+    g = rng(4)
+    x, memory = randn(g, 2, 6, 8), randn(g, 2, 9, 8)
+    mask = g.random((2, 6, 9)) > 0.3
+    mask[1, 3] = False
+    key_mask = np.arange(9)[None, :] < np.array([[9], [5]])
+
+    def run(implementation):
+        keras.utils.set_random_seed(0)
+        layer = keras_attn.MultiHeadAttention(2, 4, implementation=implementation)
+        layer.build(x.shape, memory.shape)
+        randomize_weights(layer, seed=4)
+
+        def loss(*weights):
+            out = layer(x, memory, attention_mask=mask, value_mask=key_mask)
+            return keras.ops.sum(out * out)
+
+        return _device.value_and_grad(loss, list(layer.trainable_weights))
+
+    value, grads = run("blockwise")
+    assert _taken().get("blockwise") and "explicit" not in _taken()
+    ref_value, ref_grads = run("explicit")
+    assert value == pytest.approx(ref_value, rel=1e-5)
+    for grad, ref in zip(grads, ref_grads, strict=True):
+        assert_close(grad, ref, what="MHA weight gradient, blockwise vs explicit",
+                     quantity="gradient")
+
+
+@pytest.mark.requires_trainable_backend
+def test_blockwise_fit_with_a_partial_last_batch():
+    """`fit` on 10 samples in batches of 4: the last batch has 2 (a retrace, None batch on TF)."""
+    g = rng(5)
+    x, y = randn(g, 10, 9, 8), randn(g, 10, 9, 8)
+
+    def train(implementation):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((9, 8))
+        layer = keras_attn.MultiHeadAttention(2, 4, implementation=implementation)
+        model = keras.Model(inputs, layer(inputs, use_causal_mask=True))
+        randomize_weights(layer, seed=5)
+        model.compile(keras.optimizers.SGD(0.05), "mse", jit_compile=BACKEND != "torch")
+        history = model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        return history.history["loss"][-1], [to_numpy(w) for w in model.weights]
+
+    loss, weights = train("blockwise")
+    assert _taken().get("blockwise")
+    ref_loss, ref_weights = train("explicit")
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    for w, ref in zip(weights, ref_weights, strict=True):
+        assert_close(w, ref, what="weights after one epoch")
+
+
+# ----------------------------------------------------------------------------
+# Layers: the decoder's Keras memory mask; mixed precision against the reference.
+
+
+def test_decoder_memory_mask_from_an_embedding():
+    g = rng(6)
+    memory_ids = np.array([[3, 4, 5, 0, 0, 0], [1, 2, 3, 4, 5, 6]], "int32")
+    target = keras.Input((5, 8))
+    ids = keras.Input((6,), dtype="int32")
+    memory = keras.layers.Embedding(10, 8, mask_zero=True, name="embed")(ids)
+    decoder = keras_attn.TransformerDecoderLayer(2, intermediate_dim=16, name="decoder")
+    model = keras.Model([target, ids], decoder(target, memory))
+    randomize_weights(decoder, seed=6)
+    x = randn(g, 2, 5, 8)
+    out = model.predict_on_batch([x, memory_ids])
+    embedded = to_numpy(model.get_layer("embed")(memory_ids))
+    expected = reference.decoder_layer(reference_params(decoder), x, num_heads=2,
+                                       memory=embedded, memory_padding_mask=memory_ids != 0)
+    assert_close(out, expected)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("path", ["auto", "explicit", "fused", "blockwise"])
+def test_mha_mixed_precision_against_reference(policy, path):
+    if BACKEND == "numpy" and policy == "mixed_bfloat16":
+        pytest.skip("NumPy has no bfloat16 matmul (Keras's NumPy backend cannot run it)")
+    keras.config.set_dtype_policy(policy)
+    g = rng(7)
+    x, memory = randn(g, 2, 6, 8), randn(g, 2, 9, 8)
+    mask = g.random((2, 6, 9)) > 0.3
+    layer = keras_attn.MultiHeadAttention(2, 4, implementation=path)
+    layer.build(x.shape, memory.shape)
+    randomize_weights(layer, seed=7)
+    out = layer(x, memory, attention_mask=mask, use_causal_mask=True)
+    dtype = policy.split("_")[1]
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
+    expected, _ = reference.multi_head_attention(reference_params(layer), x, memory,
+                                                 num_heads=2, mask=mask, is_causal=True)
+    assert_close(keras.ops.cast(out, "float32"), expected, dtype=dtype)
