@@ -158,7 +158,9 @@ def causal_mask(T, S):
     """Bottom-right aligned causal mask `(T, S)`: key j <= query i + (S - T)."""
     rows = ops.expand_dims(ops.arange(T, dtype="int32"), 1)  # (T, 1)
     cols = ops.expand_dims(ops.arange(S, dtype="int32"), 0)  # (1, S)
-    return ops.less_equal(cols, rows + (ops.cast(S, "int32") - ops.cast(T, "int32")))
+    # `S - T` stays a (symbolic) scalar: casting a dim to a tensor would
+    # specialise it to its traced value under torch.export.
+    return ops.less_equal(cols, rows + (S - T))
 
 
 def _masked_softmax(logits, allowed):
