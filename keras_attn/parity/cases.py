@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 
 from keras_attn.testing import reference
+from keras_attn.testing.layout import LAYOUT
 
 __all__ = ["CASES", "Case", "case_arrays", "cotangent", "get_cases", "reference_result"]
 
@@ -150,16 +151,21 @@ def _mha(prefix, q_dim, k_dim, v_dim, heads, key_dim, value_dim=None, output_dim
     value_dim = value_dim or key_dim
     output_dim = output_dim or q_dim
     p = prefix + "/" if prefix else ""
-    return {**_dense(p + "query", q_dim, heads * key_dim, bias),
-            **_dense(p + "key", k_dim, heads * key_dim, bias),
-            **_dense(p + "value", v_dim, heads * value_dim, bias),
-            **_dense(p + "output", heads * value_dim, output_dim, bias)}
+    sizes = {"query": (q_dim, heads * key_dim), "key": (k_dim, heads * key_dim),
+             "value": (v_dim, heads * value_dim), "output": (heads * value_dim, output_dim)}
+    shapes = {}
+    for part in LAYOUT["MultiHeadAttention"]["dense"]:
+        shapes.update(_dense(p + part, *sizes[part], bias))
+    return shapes
 
 
 def _ffn(prefix, dim, inter, output_dim=None, bias=True):
     p = prefix + "/" if prefix else ""
-    return {**_dense(p + "intermediate", dim, inter, bias),
-            **_dense(p + "output", inter, output_dim or dim, bias)}
+    sizes = {"intermediate": (dim, inter), "output": (inter, output_dim or dim)}
+    shapes = {}
+    for part in LAYOUT["PositionwiseFeedForward"]["dense"]:
+        shapes.update(_dense(p + part, *sizes[part], bias))
+    return shapes
 
 
 def _norm(prefix, dim):

@@ -31,38 +31,6 @@ def _policy(dtype):
     return "float32" if dtype == "float32" else f"mixed_{dtype}"
 
 
-def _dense_vars(prefix, dense):
-    out = {prefix + "kernel": dense.kernel}
-    if dense.bias is not None:
-        out[prefix + "bias"] = dense.bias
-    return out
-
-
-def named_variables(layer, prefix=""):
-    """name -> keras.Variable, names as in `cases.weight_shapes`."""
-    kind = type(layer).__name__
-    if kind == "MultiHeadAttention":
-        parts = ("query", "key", "value", "output")
-    elif kind == "PositionwiseFeedForward":
-        parts = ("intermediate", "output")
-    else:
-        parts = None
-    if parts is not None:
-        out = {}
-        for part in parts:
-            out.update(_dense_vars(f"{prefix}{part}/", getattr(layer, part + "_dense")))
-        return out
-    out = {}
-    for part in ("self_attention", "cross_attention", "feed_forward"):
-        if getattr(layer, part, None) is None:
-            continue
-        out.update(named_variables(getattr(layer, part), f"{prefix}{part}/"))
-        norm = getattr(layer, part + "_norm")
-        out[f"{prefix}{part}_norm/gamma"] = norm.gamma
-        out[f"{prefix}{part}_norm/beta"] = norm.beta
-    return out
-
-
 def _build(case, dtype):
     """The case's layer (None for the functional core), built, weights unset."""
     import keras_attn
@@ -72,7 +40,7 @@ def _build(case, dtype):
         return None
     if case.kind == "mha":
         layer = keras_attn.MultiHeadAttention(**case.config, dtype=policy)
-        layer.build(s["query"], s.get("key"), s.get("value"))
+        layer.build(s["query"], value_shape=s.get("value", s.get("key")), key_shape=s.get("key"))
     elif case.kind == "ffn":
         layer = keras_attn.PositionwiseFeedForward(**case.config, dtype=policy)
         layer.build(s["inputs"])
@@ -89,6 +57,8 @@ def _load_weights(layer, weights):
     """Assign the NumPy weights by name; every variable must be covered."""
     if layer is None:
         return []
+    from keras_attn.testing.weights import named_variables
+
     variables = named_variables(layer)
     if set(variables) != set(weights):
         raise RuntimeError(f"weight names differ: layer has {sorted(variables)}, "
@@ -118,8 +88,8 @@ def _forward(case, layer, dtype, inputs, masks):
             cast["query"], cast["key"], cast["value"], mask=masks.get("mask"),
             bias=cast.get("bias"), **case.config)
     if case.kind == "mha":
-        return layer(inputs["query"], inputs.get("key"), inputs.get("value"),
-                     attention_mask=masks.get("attention_mask"),
+        return layer(query=inputs["query"], value=inputs.get("value", inputs.get("key")),
+                     key=inputs.get("key"), attention_mask=masks.get("attention_mask"),
                      use_causal_mask=call.get("use_causal_mask", False))
     if case.kind == "ffn":
         return layer(inputs["inputs"])

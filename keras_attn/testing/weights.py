@@ -1,41 +1,49 @@
-"""Read a layer's weights as the reference's parameter dicts, or randomise them."""
+"""The one traversal of the weight layout: named variables, reference params, random weights.
+
+`named_variables` walks a built layer by `testing.layout.LAYOUT`; the
+reference's parameter dicts (`reference_params`) and the parity worker's
+weight loading both use that walk, and the parity cases name their NumPy
+weights from the same table.
+"""
 
 import keras
 import numpy as np
 
-__all__ = ["randomize_weights", "reference_params"]
+from keras_attn.testing.layout import LAYOUT
 
+__all__ = ["named_variables", "randomize_weights", "reference_params"]
 
-def _np(variable):
-    return keras.ops.convert_to_numpy(variable).astype(np.float64)
-
-
-def _dense(layer):
-    return {"kernel": _np(layer.kernel),
-            "bias": _np(layer.bias) if layer.bias is not None else None}
-
-
-def _norm(layer):
-    return {"gamma": _np(layer.gamma), "beta": _np(layer.beta)}
+def named_variables(layer, prefix=""):
+    """`name -> keras.Variable` for every weight of a built keras_attn layer."""
+    kind = type(layer).__name__
+    if kind not in LAYOUT:
+        raise TypeError(f"no weight layout for layer type {kind}")
+    out = {}
+    for part in LAYOUT[kind].get("dense", ()):
+        dense = getattr(layer, part + "_dense")
+        out[f"{prefix}{part}/kernel"] = dense.kernel
+        if dense.bias is not None:
+            out[f"{prefix}{part}/bias"] = dense.bias
+    for part in LAYOUT[kind].get("blocks", ()):
+        if getattr(layer, part, None) is None:  # a decoder built without memory
+            continue
+        out.update(named_variables(getattr(layer, part), f"{prefix}{part}/"))
+        norm = getattr(layer, part + "_norm")
+        out[f"{prefix}{part}_norm/gamma"] = norm.gamma
+        out[f"{prefix}{part}_norm/beta"] = norm.beta
+    return out
 
 
 def reference_params(layer):
-    """The weights of a keras_attn layer laid out for `testing.reference`."""
-    name = type(layer).__name__
-    if name == "MultiHeadAttention":
-        return {"query": _dense(layer.query_dense), "key": _dense(layer.key_dense),
-                "value": _dense(layer.value_dense), "output": _dense(layer.output_dense)}
-    if name == "PositionwiseFeedForward":
-        return {"intermediate": _dense(layer.intermediate_dense),
-                "output": _dense(layer.output_dense)}
-    if name in ("TransformerEncoderLayer", "TransformerDecoderLayer"):
-        params = {}
-        for part in ("self_attention", "cross_attention", "feed_forward"):
-            if hasattr(layer, part):
-                params[part] = reference_params(getattr(layer, part))
-                params[part + "_norm"] = _norm(getattr(layer, part + "_norm"))
-        return params
-    raise TypeError(f"no reference layout for layer type {name}")
+    """The weights of a keras_attn layer as the reference's nested float64 dicts."""
+    params = {}
+    for name, variable in named_variables(layer).items():
+        *path, leaf = name.split("/")
+        node = params
+        for key in path:
+            node = node.setdefault(key, {})
+        node[leaf] = keras.ops.convert_to_numpy(variable).astype(np.float64)
+    return params
 
 
 def randomize_weights(layer, seed=0, scale=0.5):

@@ -1,0 +1,18 @@
+"""Which sublayers hold the weights of each keras_attn layer kind (plain data, no imports).
+
+Weights are named like the reference's parameter dicts, flattened with "/":
+`query/kernel`, `self_attention/query/kernel`, `feed_forward_norm/gamma`.
+`testing.weights.named_variables` walks a built layer by this table, and the
+parity cases (plain NumPy) name their weights from it.
+"""
+
+__all__ = ["LAYOUT"]
+
+# Layer kind -> its dense sublayers (`<part>_dense`), or its blocks (each a
+# sublayer `<part>` plus a norm `<part>_norm`).
+LAYOUT = {
+    "MultiHeadAttention": {"dense": ("query", "key", "value", "output")},
+    "PositionwiseFeedForward": {"dense": ("intermediate", "output")},
+    "TransformerEncoderLayer": {"blocks": ("self_attention", "feed_forward")},
+    "TransformerDecoderLayer": {"blocks": ("self_attention", "cross_attention", "feed_forward")},
+}
