@@ -4,7 +4,10 @@ They run unchanged on the TensorFlow, JAX and PyTorch backends of Keras 3
 (and on the NumPy backend for inference), chosen by `KERAS_BACKEND`.
 """
 
-from keras_attn import config
+from keras_attn import (
+    config,
+    convert,  # noqa: E402  (after the layers it builds)
+)
 from keras_attn.attention import (
     causal_mask,
     combine_masks,
@@ -28,6 +31,7 @@ __all__ = [
     "causal_mask",
     "combine_masks",
     "config",
+    "convert",
     "padding_mask",
     "scaled_dot_product_attention",
 ]

@@ -211,7 +211,7 @@ def _large_negative(dtype):
     return -0.7 * (65504.0 if keras.backend.standardize_dtype(dtype) == "float16" else 3.4e38)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel_keeps_half_precision():
     """Whether `ops.dot_product_attention` takes float16/bfloat16 as they are.
 

@@ -194,14 +194,14 @@ def multi_head_attention_from_keras(layer, **kwargs):
     `(D_v, H, d_v)`, `(H, d_v, D_out)` and biases `(H, d)`, `(D_out,)` are
     reshaped into our `Dense` kernels `(D_q, H * d_k)`, ..., `(H * d_v, D_out)`
     (head `h` owns columns `[h * d, (h + 1) * d)`). Both layers compute the
-    same function: call ours with keywords, `query=`, `value=`, `key=`.
+    same function, called the same way (`(query, value, key)`).
 
     Args:
         layer: a built `keras.layers.MultiHeadAttention` for rank-3 inputs
             (query `(B, T, D_q)`, key `(B, S, D_k)`, value `(B, S, D_v)`)
             with the default `attention_axes`, a single-axis `output_shape`
-            (or none), no `use_gate`, no `sliding_window`, no constraints or
-            activity regularizer, and not quantized.
+            (or none), no `use_gate`, no `sliding_window`, and not quantized.
+            Its regularizers, constraints and activity regularizer come along.
         **kwargs: further arguments of `keras_attn.MultiHeadAttention`
             (`name`, `implementation`, `dtype`, `dropout`, `seed`, ...).
             By default `dropout`, `seed`, `dtype`, the initializers and the
@@ -243,9 +243,6 @@ def multi_head_attention_from_keras(layer, **kwargs):
             f"attention_axes={layer._attention_axes} on inputs of rank "
             f"{len(equations[0].split(',')[0])} (only rank-3 inputs (B, T, D) with the "
             "default attention axes are supported)")
-    for name in ("activity_regularizer", "kernel_constraint", "bias_constraint"):
-        if getattr(layer, "_" + name, None) is not None:
-            problems.append(f"{name}={getattr(layer, '_' + name)!r}")
     for dense in (layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense):
         if getattr(dense, "quantization_mode", None):
             problems.append(f"quantization_mode={dense.quantization_mode!r}")
@@ -277,6 +274,9 @@ def multi_head_attention_from_keras(layer, **kwargs):
         "bias_initializer": keras.initializers.serialize(layer._bias_initializer),
         "kernel_regularizer": layer._kernel_regularizer,
         "bias_regularizer": layer._bias_regularizer,
+        "kernel_constraint": layer._kernel_constraint,
+        "bias_constraint": layer._bias_constraint,
+        "activity_regularizer": layer.activity_regularizer,
     }
     options.update(kwargs)
     new = MultiHeadAttention(

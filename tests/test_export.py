@@ -12,7 +12,6 @@ the ones it was traced with, and must match the model's own predictions.
 """
 
 import keras
-import numpy as np
 import pytest
 
 import keras_attn

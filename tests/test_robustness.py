@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import keras_attn
-from keras_attn import _device, _paths, config
+from keras_attn import _device, config
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from . import reference

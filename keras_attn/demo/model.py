@@ -94,14 +94,14 @@ def build_model(vocab_size, source_length, target_length, model_dim=64, num_head
                                   name="source_embedding")(sources)
     for i in range(num_layers):
         x = keras_attn.TransformerEncoderLayer(
-            num_heads, intermediate_dim, dropout=dropout, name=f"encoder_{i}")(x)
+            num_heads, intermediate_dim=intermediate_dim, dropout=dropout, name=f"encoder_{i}")(x)
     memory = x
 
     y = TokenAndPositionEmbedding(vocab_size, target_length, model_dim,
                                   name="target_embedding")(decoder_inputs)
     for i in range(num_layers):
         y = keras_attn.TransformerDecoderLayer(
-            num_heads, intermediate_dim, dropout=dropout, name=f"decoder_{i}")(
+            num_heads, intermediate_dim=intermediate_dim, dropout=dropout, name=f"decoder_{i}")(
                 y, memory=memory)
     logits = keras.layers.Dense(vocab_size, name="logits")(y)
     return keras.Model([sources, decoder_inputs], logits, name=name)
