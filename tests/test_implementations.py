@@ -274,9 +274,14 @@ def test_mha_implementation_in_config():
 
 
 @pytest.mark.requires_trainable_backend
+@pytest.mark.parametrize("jit_compile", [True, False], ids=["jit", "graph"])
 @pytest.mark.parametrize("path", ["fused", "blockwise"])
-def test_compiled_train_step_matches_explicit(path):
-    """One jit-compiled SGD step gives the explicit path's weights."""
+def test_compiled_train_step_matches_explicit(path, jit_compile):
+    """One compiled SGD step gives the explicit path's weights.
+
+    `graph`: a `tf.function` without XLA on TensorFlow (graph-mode while
+    loops), the same as `jit` elsewhere.
+    """
     g = rng(10)
     x = randn(g, 2, 9, 8)
     y = randn(g, 2, 9, 8)
@@ -289,7 +294,7 @@ def test_compiled_train_step_matches_explicit(path):
         model = keras.Model(inputs, outputs)
         randomize_weights(layer, seed=10)
         model.compile(keras.optimizers.SGD(0.1), "mse",
-                      jit_compile=keras.backend.backend() != "torch")
+                      jit_compile=jit_compile and keras.backend.backend() != "torch")
         loss = model.train_on_batch(x, y)
         return loss, [to_numpy(w) for w in model.weights]
 
