@@ -13,6 +13,7 @@ from keras_attn.attention import (
     combine_masks,
     padding_mask,
     scaled_dot_product_attention,
+    sliding_window_mask,
 )
 from keras_attn.layers import (
     MultiHeadAttention,
@@ -34,4 +35,5 @@ __all__ = [
     "convert",
     "padding_mask",
     "scaled_dot_product_attention",
+    "sliding_window_mask",
 ]

@@ -45,40 +45,78 @@ gradients.
 import keras
 from keras import ops
 
-from keras_attn._shapes import broadcast_lead, pad_axis, softmax_dtype, sum_to, to_rank
+from keras_attn._shapes import (
+    broadcast_lead,
+    pad_axis,
+    softmax_dtype,
+    static_shape,
+    sum_to,
+    to_rank,
+)
 
-__all__ = ["blockwise_attention"]
+__all__ = ["blockwise_attention", "group_size"]
 
 _NEG_INF = float("-inf")
 
 
-class _Blocks:
-    """Static geometry of one blockwise call and the block-slicing helpers."""
+def _clip(index, count):
+    """A block index clipped to `[0, count]`, staying a Python int when it is one."""
+    if isinstance(index, int):
+        return min(max(index, 0), count)
+    return ops.clip(index, 0, count)
 
-    def __init__(self, T, S, block_size, is_causal, lead):
-        self.T, self.S = T, S
-        self.bq, self.bk = min(block_size, T), min(block_size, S)
-        self.nq = -(-T // self.bq)
+
+class _Blocks:
+    """Static geometry of one blockwise call and the block-slicing helpers.
+
+    Rows are query positions, each repeated `group` times when grouped heads
+    share a key/value head (row r is position r // group; see
+    `blockwise_attention`). Query position p may see key j when causal:
+    `j <= p + offset`; with a window W also `p + offset - j < W` (causal) or
+    `|p + offset - j| < W` (not causal), where `offset = S - T` aligns the
+    queries to the bottom-right.
+    """
+
+    def __init__(self, rows, S, block_size, is_causal, lead, group=1, window=None,
+                 soft_cap=None):
+        self.T, self.S = rows, S
+        self.bq, self.bk = min(block_size, rows), min(block_size, S)
+        self.nq = -(-rows // self.bq)
         self.nk = -(-S // self.bk)
         self.Tp, self.Sp = self.nq * self.bq, self.nk * self.bk
-        self.is_causal = is_causal
-        self.offset = S - T  # query i may see key j iff j <= i + offset
+        self.is_causal, self.group, self.window, self.soft_cap = is_causal, group, window, soft_cap
+        self.offset = S - rows // group  # position p may see key j iff j <= p + offset
         self.lead = lead  # leading dims (ints or scalar tensors)
 
-    def key_hi(self, i):
-        """One past the last key block that query block `i` may see."""
-        if not self.is_causal:
-            return self.nk
-        # last visible column of the block's last row: (i + 1) * bq - 1 + offset
-        hi = ((i + 1) * self.bq + self.offset + self.bk - 1) // self.bk
-        return ops.clip(hi, 0, self.nk)
+    def _position(self, row):
+        return row // self.group
 
-    def query_lo(self, j):
-        """The first query block that may see key block `j`."""
-        if not self.is_causal:
-            return 0
-        lo = (j * self.bk - self.offset) // self.bq
-        return ops.clip(lo, 0, self.nq)
+    def key_range(self, i):
+        """`(lo, hi)`: the key blocks that query block `i` may see."""
+        if not self.is_causal and self.window is None:
+            return 0, self.nk
+        first = self._position(i * self.bq) + self.offset  # key at the first row's position
+        last = self._position((i + 1) * self.bq - 1) + self.offset
+        if self.is_causal:
+            hi = last // self.bk + 1
+        else:
+            hi = (last + self.window - 1) // self.bk + 1
+        lo = 0 if self.window is None else (first - self.window + 1) // self.bk
+        return _clip(lo, self.nk), _clip(hi, self.nk)
+
+    def query_range(self, j):
+        """`(lo, hi)`: the query blocks that may see key block `j`."""
+        if not self.is_causal and self.window is None:
+            return 0, self.nq
+        reach = 0 if self.is_causal else self.window - 1  # how far ahead a query sees
+        first_position = j * self.bk - self.offset - reach  # first query to see the block
+        lo = (self.group * first_position) // self.bq
+        hi = self.nq
+        if self.window is not None:
+            # the last query whose window still reaches the block's last key
+            last_position = (j + 1) * self.bk - 1 - self.offset + self.window - 1
+            hi = (self.group * (last_position + 1) - 1) // self.bq + 1
+        return _clip(lo, self.nq), _clip(hi, self.nq)
 
     def rows(self, x, i):
         """Rows `[i*bq, (i+1)*bq)` of `x` of shape `(..., Tp, w)`."""
@@ -103,11 +141,18 @@ class _Blocks:
     def allowed(self, mask, i, j):
         """Bool `(..., bq|1, bk|1)` of the keys query block `i` may see in key block `j`."""
         allowed = None
-        if self.is_causal or self.Sp != self.S:
+        positional = self.is_causal or self.window is not None
+        if positional or self.Sp != self.S:
             cols = j * self.bk + ops.arange(self.bk, dtype="int32")[None, :]  # (1, bk)
-            if self.is_causal:
-                rows = i * self.bq + ops.arange(self.bq, dtype="int32")[:, None]
-                allowed = ops.less_equal(cols, rows + self.offset)  # (bq, bk)
+            if positional:
+                rows = i * self.bq + ops.arange(self.bq, dtype="int32")[:, None]  # (bq, 1)
+                distance = self._position(rows) + self.offset - cols  # (bq, bk)
+                if self.is_causal:
+                    allowed = ops.greater_equal(distance, 0)
+                if self.window is not None:
+                    reach = distance if self.is_causal else ops.abs(distance)
+                    near = ops.less(reach, self.window)
+                    allowed = near if allowed is None else ops.logical_and(allowed, near)
             if self.Sp != self.S:
                 valid = ops.less(cols, self.S)  # padded keys
                 allowed = valid if allowed is None else ops.logical_and(allowed, valid)
@@ -117,11 +162,20 @@ class _Blocks:
         return allowed
 
     def logits(self, q_i, k_j, bias, mask, i, j, scale):
+        """`(s, allowed, d_cap)`: logits of block `(i, j)`, the mask, and d s / d raw.
+
+        With a soft-cap c, `s = c * tanh(raw / c) + bias`; `d_cap` is
+        `1 - tanh(raw / c)**2` (None without a cap), what the backward pass
+        multiplies by to go from the capped logits back to `q k^T`.
+        """
         s = ops.matmul(q_i, ops.swapaxes(k_j, -1, -2)) * scale  # (..., bq, bk)
+        d_cap = None
+        if self.soft_cap is not None:
+            t = ops.tanh(s / self.soft_cap)
+            s, d_cap = self.soft_cap * t, 1.0 - t * t
         if bias is not None:
             s = s + self.tile(bias, i, j)
-        allowed = self.allowed(mask, i, j)
-        return s, allowed
+        return s, self.allowed(mask, i, j), d_cap
 
 
 def _map(f, xs, like):
@@ -186,7 +240,7 @@ def _forward(q, k, v, bias, mask, g, scale):
 
         def kv_step(j, state):
             m, total, acc = state
-            s, allowed = g.logits(q_i, g.cols(k, j), bias, mask, i, j, scale)
+            s, allowed, _ = g.logits(q_i, g.cols(k, j), bias, mask, i, j, scale)
             if allowed is not None:
                 s = ops.where(allowed, s, _NEG_INF)
             m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
@@ -200,7 +254,7 @@ def _forward(q, k, v, bias, mask, g, scale):
         m0 = ops.full(list(g.lead) + [g.bq, 1], _NEG_INF, dtype=dtype)
         l0 = ops.zeros(list(g.lead) + [g.bq, 1], dtype=dtype)
         acc0 = ops.zeros(list(g.lead) + [g.bq, d_v], dtype=dtype)
-        m, total, acc = ops.fori_loop(0, g.key_hi(i), kv_step, (m0, l0, acc0))
+        m, total, acc = ops.fori_loop(*g.key_range(i), kv_step, (m0, l0, acc0))
         has_key = total > 0
         safe_l = ops.where(has_key, total, ops.ones_like(total))
         m_safe = ops.where(ops.isfinite(m), m, ops.zeros_like(m))
@@ -215,12 +269,17 @@ def _forward(q, k, v, bias, mask, g, scale):
 
 
 def _probabilities(g, q_i, k_j, bias, mask, lse_i, i, j, scale):
-    """Block `(i, j)` of the softmax weights, recomputed from the kept `lse`."""
-    s, allowed = g.logits(q_i, k_j, bias, mask, i, j, scale)
+    """Block `(i, j)` of the softmax weights, recomputed from the kept `lse`, and `d_cap`."""
+    s, allowed, d_cap = g.logits(q_i, k_j, bias, mask, i, j, scale)
     p = ops.exp(s - lse_i)
     if allowed is not None:
         p = ops.where(allowed, p, ops.zeros_like(p))
-    return p
+    return p, d_cap
+
+
+def _uncap(ds, d_cap):
+    """The gradient w.r.t. `q k^T * scale` from the one w.r.t. the (capped) logits."""
+    return ds if d_cap is None else ds * d_cap
 
 
 def _key_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
@@ -234,14 +293,14 @@ def _key_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
         def q_inner(i, state):
             dk, dv = state
             q_i, do_i = g.rows(q, i), g.rows(d_out, i)
-            p = _probabilities(g, q_i, k_j, bias, mask, g.rows(lse, i), i, j, scale)
+            p, d_cap = _probabilities(g, q_i, k_j, bias, mask, g.rows(lse, i), i, j, scale)
             dv = dv + ops.matmul(ops.swapaxes(p, -1, -2), do_i)  # (..., bk, d_v)
             dp = ops.matmul(do_i, ops.swapaxes(v_j, -1, -2))  # (..., bq, bk)
-            ds = p * (dp - g.rows(delta, i))
+            ds = _uncap(p * (dp - g.rows(delta, i)), d_cap)
             dk = dk + ops.matmul(ops.swapaxes(ds, -1, -2), q_i) * scale  # (..., bk, d_k)
             return dk, dv
 
-        return ops.fori_loop(g.query_lo(j), g.nq, q_inner, init)
+        return ops.fori_loop(*g.query_range(j), q_inner, init)
 
     init = (ops.zeros(list(g.lead) + [g.bk, d_k], dtype),
             ops.zeros(list(g.lead) + [g.bk, d_v], dtype))
@@ -256,10 +315,12 @@ def _query_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
     d_k = q.shape[-1]
 
     def ds_block(q_i, do_i, lse_i, delta_i, i, j):
+        """`(d logits, d (q k^T * scale), k_j)` of block `(i, j)`."""
         k_j = g.cols(k, j)
-        p = _probabilities(g, q_i, k_j, bias, mask, lse_i, i, j, scale)
+        p, d_cap = _probabilities(g, q_i, k_j, bias, mask, lse_i, i, j, scale)
         dp = ops.matmul(do_i, ops.swapaxes(g.cols(v, j), -1, -2))  # (..., bq, bk)
-        return p * (dp - delta_i), k_j
+        ds = p * (dp - delta_i)
+        return ds, _uncap(ds, d_cap), k_j
 
     if bias is not None:
         t_full, s_full = bias.shape[-2] != 1, bias.shape[-1] != 1
@@ -270,24 +331,25 @@ def _query_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
         dq0 = ops.zeros(list(g.lead) + [g.bq, d_k], dtype)
         if bias is None:
             def k_inner(j, dq):
-                ds, k_j = ds_block(q_i, do_i, lse_i, delta_i, i, j)
+                _, ds, k_j = ds_block(q_i, do_i, lse_i, delta_i, i, j)
                 return dq + ops.matmul(ds, k_j) * scale
-            return ops.fori_loop(0, g.key_hi(i), k_inner, dq0)
+            return ops.fori_loop(*g.key_range(i), k_inner, dq0)
 
-        hi = g.key_hi(i)
+        lo, hi = g.key_range(i)
 
         # With a bias, each key block also yields a bias-gradient tile, so the
-        # key blocks are mapped (a static count; blocks above the causal
-        # diagonal are skipped by `cond`) and the dq contributions summed.
+        # key blocks are mapped (a static count; blocks outside the causal
+        # triangle or the window are skipped by `cond`) and the dq
+        # contributions summed.
         def k_block(j):
             def compute():
-                ds, k_j = ds_block(q_i, do_i, lse_i, delta_i, i, j)
-                return ops.matmul(ds, k_j) * scale, sum_to(ds, tile_shape)
+                d_logits, ds, k_j = ds_block(q_i, do_i, lse_i, delta_i, i, j)
+                return ops.matmul(ds, k_j) * scale, sum_to(d_logits, tile_shape)
 
-            def skip():  # a causal block above the diagonal: nothing to do
+            def skip():  # a block no query of this block may see: nothing to do
                 return dq0, ops.zeros(tile_shape, dtype)
 
-            return ops.cond(j < hi, compute, skip)
+            return ops.cond(ops.logical_and(j >= lo, j < hi), compute, skip)
 
         like = (dq0, ops.zeros(tile_shape, dtype))
         dq, d_bias = _map(k_block, ops.arange(g.nk, dtype="int32"), like)
@@ -359,50 +421,109 @@ def _attention_fn(mask, g, scale, has_bias):
     return attend
 
 
+def _dims(x, stop):
+    """The dims of `x` before axis `stop`: ints where static, scalar tensors where not."""
+    shape = ops.shape(x)
+    return [d if isinstance(d, int) else shape[i] for i, d in enumerate(static_shape(x)[:stop])]
+
+
+def group_size(query, key):
+    """G = H / H_kv when `key` has fewer heads (axis -3) than `query`, else 1."""
+    q, k = static_shape(query), static_shape(key)
+    if len(q) < 3 or len(k) < 3 or None in (q[-3], k[-3]) or k[-3] in (1, q[-3]):
+        return 1
+    return q[-3] // k[-3]
+
+
+def _rows_by_position(x, group, T):
+    """`(..., H|1, T|1, w)` -> `(..., H_kv|1, T*G|1, w)`: row t*G + g is head g of a group.
+
+    Grouped query heads share a key/value head, so their queries are stacked
+    along the rows, position-major (each position repeated G times): the
+    rows stay ordered by position, which keeps the causal and window block
+    bounds, and the keys and values are never repeated.
+    """
+    lead, (heads, rows, width) = _dims(x, -3), x.shape[-3:]
+    if heads == 1:
+        return x if rows == 1 else ops.repeat(x, group, axis=-2)  # (..., 1, T*G, w)
+    x = ops.reshape(x, lead + [heads // group, group, rows, width])  # (..., H_kv, G, T|1, w)
+    if rows == 1:
+        x = ops.broadcast_to(x, tuple(lead) + (heads // group, group, T, width))
+    x = ops.swapaxes(x, -3, -2)  # (..., H_kv, T, G, w)
+    return ops.reshape(x, lead + [heads // group, T * group, width])
+
+
+def _heads_from_rows(x, group, T):
+    """`(..., H_kv, T*G, w)` -> `(..., H, T, w)`, the inverse of `_rows_by_position`."""
+    lead, (kv_heads, _, width) = _dims(x, -3), x.shape[-3:]
+    x = ops.reshape(x, lead + [kv_heads, T, group, width])
+    x = ops.swapaxes(x, -3, -2)  # (..., H_kv, G, T, w)
+    return ops.reshape(x, lead + [kv_heads * group, T, width])
+
+
 def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False,
-                        scale=1.0, block_size=512):
+                        scale=1.0, block_size=512, sliding_window=None, logit_soft_cap=None):
     """Memory-efficient attention over `(..., T, d)` tensors (see the module doc).
 
     Args:
-        query: `(..., T, d_k)`; key: `(..., S, d_k)`; value: `(..., S, d_v)`,
-            with static `T`, `S`, `d_k`, `d_v`.
-        mask: optional bool, broadcastable to `(..., T, S)`; True = may attend.
-        bias: optional additive float, broadcastable to `(..., T, S)`.
+        query: `(..., H, T, d_k)`; key: `(..., H_kv, S, d_k)`; value:
+            `(..., H_kv, S, d_v)`, with static `T`, `S`, `d_k`, `d_v`. When
+            H_kv < H (grouped heads, H divisible by H_kv), query head n uses
+            key/value head n // (H / H_kv); keys and values are not repeated.
+        mask: optional bool, broadcastable to `(..., H, T, S)`; True = may attend.
+        bias: optional additive float, broadcastable to `(..., H, T, S)`.
         is_causal: bottom-right aligned causal masking (`j <= i + S - T`).
         scale: logit multiplier.
         block_size: query and key block length.
+        sliding_window: W, or None: position p sees key j iff
+            `0 <= p - j < W` (causal) or `|p - j| < W`; blocks entirely
+            outside the window are skipped, so the cost grows like T * W.
+        logit_soft_cap: c, or None: logits become `c * tanh(logits / c)`
+            before the bias and masks.
 
     Returns:
-        `(..., T, d_v)` in the dtype of `value`; zero rows where no key is
+        `(..., H, T, d_v)` in the dtype of `value`; zero rows where no key is
         allowed.
     """
     out_dtype = value.dtype
     compute = softmax_dtype(query.dtype)
     q, k, v = (ops.cast(t, compute) for t in (query, key, value))
+    T, group = q.shape[-2], group_size(q, k)
+    rank = len(q.shape)
+    if mask is not None:
+        mask = to_rank(ops.cast(mask, "uint8"), rank)
+    if bias is not None:
+        bias = to_rank(ops.cast(bias, compute), rank)
+    if group > 1:
+        q = _rows_by_position(q, group, T)  # (..., H_kv, T*G, d_k)
+        mask = None if mask is None else _rows_by_position(mask, group, T)
+        bias = None if bias is None else _rows_by_position(bias, group, T)
     (q, k, v), lead = broadcast_lead([q, k, v])
-    T, S = q.shape[-2], k.shape[-2]
-    g = _Blocks(T, S, block_size, is_causal, lead)
+    rows, S = q.shape[-2], k.shape[-2]
+    g = _Blocks(rows, S, block_size, is_causal, lead, group, sliding_window, logit_soft_cap)
     rank = len(lead) + 2
 
-    q = pad_axis(q, -2, g.Tp - T)
+    q = pad_axis(q, -2, g.Tp - rows)
     k = pad_axis(k, -2, g.Sp - S)
     v = pad_axis(v, -2, g.Sp - S)
     if mask is not None:
-        mask = to_rank(ops.cast(mask, "uint8"), rank)
+        mask = to_rank(mask, rank)
         if mask.shape[-2] != 1:
-            mask = pad_axis(mask, -2, g.Tp - T)
+            mask = pad_axis(mask, -2, g.Tp - rows)
         if mask.shape[-1] != 1:
             mask = pad_axis(mask, -1, g.Sp - S)
     args = [q, k, v]
     if bias is not None:
-        bias = to_rank(ops.cast(bias, compute), rank)
+        bias = to_rank(bias, rank)
         if bias.shape[-2] != 1:
-            bias = pad_axis(bias, -2, g.Tp - T)
+            bias = pad_axis(bias, -2, g.Tp - rows)
         if bias.shape[-1] != 1:
             bias = pad_axis(bias, -1, g.Sp - S)
         args.append(bias)
 
     out = _attention_fn(mask, g, scale, bias is not None)(*args)
-    if g.Tp != T:
-        out = out[..., :T, :]
+    if g.Tp != rows:
+        out = out[..., :rows, :]
+    if group > 1:
+        out = _heads_from_rows(out, group, T)  # (..., H, T, d_v)
     return ops.cast(out, out_dtype)

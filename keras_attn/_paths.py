@@ -21,7 +21,7 @@ import keras
 from keras import ops
 
 from keras_attn import config
-from keras_attn._blockwise import blockwise_attention
+from keras_attn._blockwise import blockwise_attention, group_size
 from keras_attn._shapes import broadcast_lead, softmax_dtype, static_shape, to_rank
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "fused_attention_bthd",
     "paths_taken",
     "select_implementation",
+    "sliding_window_mask",
     "zero_unattended_keys",
 ]
 
@@ -72,7 +73,7 @@ def _known_scores(lead, T, S):
 
 
 def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_causal,
-                          needs_weights, symbolic):
+                          needs_weights, symbolic, has_window=False, has_soft_cap=False):
     """The path a call takes; see `scaled_dot_product_attention`.
 
     Args:
@@ -83,10 +84,17 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
         needs_weights: scores are requested, or attention dropout is active;
             only the explicit path materialises the weights.
         symbolic: the inputs are `KerasTensor`s (shape inference only).
+        has_window, has_soft_cap: a sliding window or a logit soft-cap is set.
+            The fused kernel cannot soft-cap, so `auto` routes around it.
     """
     check_implementation(implementation)
     if needs_weights or symbolic:
         return _taken("explicit")
+    if implementation == "fused" and has_soft_cap:
+        raise ValueError(
+            "The fused kernel (`keras.ops.dot_product_attention`) cannot soft-cap the "
+            "logits; use implementation='auto', 'blockwise' or 'explicit'. "
+            f"Received: implementation={implementation!r} with a logit_soft_cap")
     if implementation == "blockwise" and (T is None or S is None):
         raise ValueError(
             "`implementation='blockwise'` needs static query and key lengths. "
@@ -95,13 +103,13 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
     if implementation != "auto":
         return _taken(implementation)
     if T is None or S is None:
-        return _taken("fused")  # blockwise needs static lengths
+        return _taken("explicit" if has_soft_cap else "fused")  # blockwise needs static lengths
     # An unknown batch dim (a `None` input signature, an export) counts as 1:
     # the per-example score count alone decides, so a long sequence never
     # falls back to the full score matrix just because the batch is symbolic.
     if _known_scores(lead, T, S) <= config.blockwise_threshold():
-        return _taken("fused")
-    if (keras.backend.backend() == "torch" and not has_mask and not has_bias
+        return _taken("explicit" if has_soft_cap else "fused")
+    if (keras.backend.backend() == "torch" and not has_mask and not has_bias and not has_window
             and (not is_causal or T == S)):
         # PyTorch's SDPA runs its own flash kernel here (no mask to
         # materialise): linear memory already, and faster than a loop.
@@ -118,7 +126,7 @@ def _taken(path):
 # Semantics shared by every path.
 
 
-def zero_unattended_keys(key, value, allowed, key_axis):
+def zero_unattended_keys(key, value, allowed, key_axis, group=1):
     """Zero the keys and values that no query may attend.
 
     `allowed` broadcasts to the scores `(..., T, S)`. A masked-out key gets
@@ -130,10 +138,16 @@ def zero_unattended_keys(key, value, allowed, key_axis):
         key, value: `(..., S, d)` (`key_axis=-2`) or `(B, S, H, d)` (`key_axis=1`).
         allowed: bool, broadcastable to `(..., T, S)` or `(B, H, T, S)`.
         key_axis: where S sits in `key`/`value`.
+        group: G query heads per key/value head (`key_axis=-2` only): a key
+            is live when a query of any head of its group may attend it.
     """
     if allowed is None:
         return key, value
     live = ops.any(allowed, axis=-2)  # (..., S): attended by some query
+    if group > 1 and len(live.shape) >= 2 and live.shape[-2] not in (1, None):
+        heads, S = live.shape[-2:]
+        grouped = tuple(ops.shape(live)[:-2]) + (heads // group, group, S)
+        live = ops.any(ops.reshape(live, grouped), axis=-2)  # (..., H_kv, S)
     if key_axis == -2:
         live = ops.expand_dims(live, -1)  # (..., S, 1)
     else:  # (B|1, H|1, S) -> (B|1, S, H|1, 1)
@@ -154,13 +168,37 @@ def empty_attention(query, key, value, return_attention_scores=False):
     return output
 
 
-def causal_mask(T, S):
-    """Bottom-right aligned causal mask `(T, S)`: key j <= query i + (S - T)."""
+def _distance(T, S):
+    """`(T, S)` int32: query i's absolute position `i + (S - T)` minus key j's."""
     rows = ops.expand_dims(ops.arange(T, dtype="int32"), 1)  # (T, 1)
     cols = ops.expand_dims(ops.arange(S, dtype="int32"), 0)  # (1, S)
     # `S - T` stays a (symbolic) scalar: casting a dim to a tensor would
     # specialise it to its traced value under torch.export.
-    return ops.less_equal(cols, rows + (S - T))
+    return rows + (S - T) - cols
+
+
+def causal_mask(T, S):
+    """Bottom-right aligned causal mask `(T, S)`: key j <= query i + (S - T)."""
+    return ops.greater_equal(_distance(T, S), 0)
+
+
+def sliding_window_mask(T, S, window, is_causal=True):
+    """`(T, S)`: key j within W of query position p = i + (S - T).
+
+    Causal: `0 <= p - j < W` (W keys, the query's own included); not causal:
+    `|p - j| < W`.
+    """
+    distance = _distance(T, S)
+    if is_causal:
+        return ops.logical_and(ops.greater_equal(distance, 0), ops.less(distance, window))
+    return ops.less(ops.abs(distance), window)
+
+
+def positional_mask(T, S, is_causal, window):
+    """The causal and/or sliding-window mask `(T, S)`, or None."""
+    if window is not None:
+        return sliding_window_mask(T, S, window, is_causal)
+    return causal_mask(T, S) if is_causal else None
 
 
 def _masked_softmax(logits, allowed):
@@ -182,16 +220,17 @@ def _masked_softmax(logits, allowed):
 
 
 def explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
-                       training, return_attention_scores):
+                       training, return_attention_scores, window=None, soft_cap=None):
     """Materialised logits and weights `(..., T, S)`; softmax in float32 at least."""
     compute = softmax_dtype(query.dtype)
     q, k = ops.cast(query, compute), ops.cast(key, compute)
     logits = ops.matmul(q, ops.swapaxes(k, -1, -2)) * scale  # (..., T, S)
+    if soft_cap is not None:
+        logits = soft_cap * ops.tanh(logits / soft_cap)
     if bias is not None:
         logits = logits + ops.cast(bias, compute)
-    allowed = mask
-    if is_causal:
-        allowed = combine_masks(allowed, causal_mask(ops.shape(query)[-2], ops.shape(key)[-2]))
+    allowed = combine_masks(
+        mask, positional_mask(ops.shape(query)[-2], ops.shape(key)[-2], is_causal, window))
     weights = ops.cast(_masked_softmax(logits, allowed), value.dtype)  # (..., T, S)
     attended = weights
     if training and dropout_rate > 0.0:
@@ -233,7 +272,8 @@ def _kernel_keeps_half_precision():
     return False
 
 
-def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=False, scale=None):
+def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=False, scale=None,
+                         window=None):
     """`keras.ops.dot_product_attention` with keras_attn's mask semantics.
 
     Layout `(B, T, H, d)` (heads after time, as `keras.ops.dot_product_attention`
@@ -244,7 +284,9 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
     allowed key are re-opened before the kernel (so that it never sees a
     fully masked row, which gives NaN on PyTorch and a uniform row on JAX and
     TensorFlow) and zeroed after it, which keeps values and gradients finite.
-    Keys that no query may attend are zeroed (`zero_unattended_keys`).
+    Keys that no query may attend are zeroed (`zero_unattended_keys`). A
+    sliding `window` is folded into the mask. Key/value heads fewer than the
+    query's (grouped heads) are repeated to match.
     Half precision runs the kernel in float32 where the backend's kernel
     would not (`_kernel_keeps_half_precision`).
 
@@ -263,13 +305,18 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
         pad = [[0, 0], [0, 0], [0, 0]]
         query, key = (ops.pad(x, pad + [[0, width - d_k]]) for x in (query, key))
         value = ops.pad(value, pad + [[0, width - d_v]])
-        output = fused_attention_bthd(query, key, value, mask, bias, is_causal, scale)
+        output = fused_attention_bthd(query, key, value, mask, bias, is_causal, scale, window)
         return ops.cast(output[..., :d_v], out_dtype)
+    heads, kv_heads = static_shape(query)[2], static_shape(key)[2]
+    if kv_heads not in (1, heads):  # grouped heads: (B, S, H_kv, d) -> (B, S, H, d)
+        key, value = (ops.repeat(x, heads // kv_heads, axis=2) for x in (key, value))
     T, S = static_shape(query)[1], static_shape(key)[1]
-    use_flag = bool(is_causal) and mask is None and bias is None and T is not None and T == S
+    use_flag = (bool(is_causal) and window is None and mask is None and bias is None
+                and T is not None and T == S)
     allowed = None if mask is None else to_rank(ops.cast(mask, "bool"), 4)
-    if is_causal and not use_flag:
-        allowed = combine_masks(allowed, causal_mask(ops.shape(query)[1], ops.shape(key)[1]))
+    if not use_flag:
+        allowed = combine_masks(
+            allowed, positional_mask(ops.shape(query)[1], ops.shape(key)[1], is_causal, window))
     if bias is not None:
         bias = to_rank(ops.cast(bias, query.dtype), 4)
         allowed = combine_masks(allowed, ops.greater(bias, float("-inf")))
@@ -293,7 +340,7 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
     return ops.cast(output, out_dtype)
 
 
-def fused_attention(query, key, value, mask, bias, is_causal, scale, lead):
+def fused_attention(query, key, value, mask, bias, is_causal, scale, lead, window=None):
     """The fused path for the `(..., T, d)` layout of the functional core.
 
     `query`, `key`, `value` already share the leading dims `lead`.
@@ -322,7 +369,8 @@ def fused_attention(query, key, value, mask, bias, is_causal, scale, lead):
     else:
         query, key, value = (to_rank(x, 4) for x in (query, key, value))
     q, k, v = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, L, H, d)
-    out = fused_attention_bthd(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    out = fused_attention_bthd(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
+                               window=window)
     out = ops.swapaxes(out, 1, 2)  # (B, H, T, d_v)
     if n > 2:
         return ops.reshape(out, tuple(lead) + (T, d_v))
@@ -336,25 +384,32 @@ def fused_attention(query, key, value, mask, bias, is_causal, scale, lead):
 
 
 def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale=1.0,
-           dropout_rate=0.0, seed=None, training=False, return_attention_scores=False):
+           dropout_rate=0.0, seed=None, training=False, return_attention_scores=False,
+           window=None, soft_cap=None):
     """Run the chosen `path` on `(..., L, d)` tensors (already validated).
 
-    `mask` is bool or None. Empty sequences (`T == 0` or `S == 0`) are
+    `mask` is bool or None. Key/value may have fewer heads (axis -3) than the
+    query (grouped heads). Empty sequences (`T == 0` or `S == 0`) are
     answered here, whatever the path.
     """
+    group = group_size(query, key)
     T, S = static_shape(query)[-2], static_shape(key)[-2]
+    if group > 1 and path != "blockwise":  # blockwise groups without repeating
+        key, value = (ops.repeat(x, group, axis=-3) for x in (key, value))
+        group = 1
     if 0 in (T, S):
         return empty_attention(query, key, value, return_attention_scores)
     if path == "fused":
         (query, key, value), lead = broadcast_lead([query, key, value])
-        return fused_attention(query, key, value, mask, bias, is_causal, scale, lead)
+        return fused_attention(query, key, value, mask, bias, is_causal, scale, lead, window)
     allowed = mask
     if bias is not None:
         allowed = combine_masks(mask, ops.greater(bias, float("-inf")))
-    key, value = zero_unattended_keys(key, value, allowed, key_axis=-2)
+    key, value = zero_unattended_keys(key, value, allowed, key_axis=-2, group=group)
     if path == "blockwise":
         return blockwise_attention(query, key, value, mask=mask, bias=bias,
                                    is_causal=is_causal, scale=scale,
-                                   block_size=config.attention_block_size())
+                                   block_size=config.attention_block_size(),
+                                   sliding_window=window, logit_soft_cap=soft_cap)
     return explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_rate,
-                              seed, training, return_attention_scores)
+                              seed, training, return_attention_scores, window, soft_cap)

@@ -15,6 +15,7 @@ __all__ = [
     "check_broadcastable",
     "check_dropout",
     "check_floating",
+    "check_positive_float",
     "check_positive_int",
     "check_rank",
     "dtype_of",
@@ -29,6 +30,17 @@ def check_positive_int(name, value, allow_none=False):
             f"`{name}` must be a positive integer. Received: {name}={value!r}"
         )
     return int(value)
+
+
+def check_positive_float(name, value, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not (
+            value > 0 and np.isfinite(value)):
+        raise ValueError(
+            f"`{name}` must be a positive, finite number. Received: {name}={value!r}"
+        )
+    return float(value)
 
 
 def check_dropout(name, value):

@@ -27,6 +27,8 @@ from keras_attn._validation import (
     check_broadcastable,
     check_dropout,
     check_floating,
+    check_positive_float,
+    check_positive_int,
 )
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "combine_masks",
     "padding_mask",
     "scaled_dot_product_attention",
+    "sliding_window_mask",
 ]
 
 
@@ -52,6 +55,24 @@ def causal_mask(query_length, key_length):
         A bool tensor of shape `(T, S)`.
     """
     return _paths.causal_mask(query_length, key_length)  # (T, S)
+
+
+def sliding_window_mask(query_length, key_length, window, is_causal=True):
+    """Boolean sliding-window mask `(T, S)`, aligned to the bottom-right corner.
+
+    Query `i` sits at absolute position `p = i + (S - T)`. Causal: it may
+    attend key `j` iff `0 <= p - j < window` (W keys, its own included);
+    not causal: iff `|p - j| < window`.
+
+    Args:
+        query_length: `T`. key_length: `S`. window: W, a positive int.
+        is_causal: the causal (one-sided) window, or the two-sided one.
+
+    Returns:
+        A bool tensor of shape `(T, S)`.
+    """
+    check_positive_int("window", window)
+    return _paths.sliding_window_mask(query_length, key_length, window, is_causal)  # (T, S)
 
 
 def padding_mask(lengths, max_length):
@@ -76,8 +97,8 @@ def padding_mask(lengths, max_length):
     return ops.less(positions, ops.expand_dims(ops.cast(lengths, "int32"), 1))
 
 
-def _validate(query, key, value, mask, bias, dropout_rate):
-    """Check dtypes, ranks, widths, lengths and mask shapes before computing."""
+def _validate(query, key, value, mask, bias, dropout_rate, sliding_window, logit_soft_cap):
+    """Check dtypes, ranks, widths, lengths, heads and mask shapes before computing."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         check_floating(name, x)
     if bias is not None:
@@ -100,13 +121,30 @@ def _validate(query, key, value, mask, bias, dropout_rate):
             "`key` and `value` must have the same length S. "
             f"Received: key.shape={k}, value.shape={v}"
         )
+    grouped = (len(q) >= 3 and len(k) >= 3 and None not in (q[-3], k[-3])
+               and k[-3] not in (1, q[-3]))
+    if grouped and q[-3] % k[-3] != 0:
+        raise ValueError(
+            "With fewer key/value heads than query heads (grouped-query attention), the "
+            "query heads H (axis -3) must be a multiple of the key/value heads H_kv. "
+            f"Received: query.shape={q}, key.shape={k}"
+        )
+    if None not in (k[-3:-2] + v[-3:-2]) and len(k) >= 3 and len(v) >= 3 and k[-3] != v[-3]:
+        raise ValueError(
+            "`key` and `value` must have the same number of heads (axis -3). "
+            f"Received: key.shape={k}, value.shape={v}"
+        )
     for name, lead in (("key", k[:-2]), ("value", v[:-2])):
+        if grouped:
+            lead = lead[:-1] + (q[-3],)  # the heads axis is matched by grouping
         if not _broadcasts(q[:-2], lead):
             raise ValueError(
                 f"`query` and `{name}` must have broadcastable leading dims (batch, "
                 f"heads, ...). Received: query.shape={q}, {name}.shape={shapes[name]}"
             )
     check_dropout("dropout_rate", dropout_rate)
+    check_positive_int("sliding_window", sliding_window, allow_none=True)
+    check_positive_float("logit_soft_cap", logit_soft_cap, allow_none=True)
     target = score_lead(q, k) + (q[-2], k[-2])
     for name, tensor in (("mask", mask), ("bias", bias)):
         if tensor is not None:
@@ -132,15 +170,23 @@ def scaled_dot_product_attention(
     training=False,
     return_attention_scores=False,
     implementation="auto",
+    sliding_window=None,
+    logit_soft_cap=None,
 ):
     """Scaled dot-product attention, `softmax(q k^T * scale + bias) v`.
 
     Paper Eq. 1 of "Attention Is All You Need", over any leading dims.
 
     Args:
-        query: floating tensor of shape `(..., T, d_k)`.
-        key: floating tensor of shape `(..., S, d_k)`.
-        value: floating tensor of shape `(..., S, d_v)`.
+        query: floating tensor of shape `(..., T, d_k)`, usually
+            `(B, H, T, d_k)`.
+        key: floating tensor of shape `(..., S, d_k)`. It may have fewer
+            heads than the query, `(B, H_kv, S, d_k)` with H divisible by
+            H_kv (grouped-query attention; H_kv = 1 is multi-query): query
+            head n then uses key/value head `n // (H / H_kv)`, as in Keras's
+            `GroupQueryAttention`, Hugging Face's `repeat_kv` and PyTorch's
+            `enable_gqa`. The blockwise path never repeats the keys.
+        value: floating tensor of shape `(..., S, d_v)`, with the key's heads.
         mask: optional bool or integer tensor broadcastable to `(..., T, S)`;
             True (nonzero) = the query may attend the key. A floating mask
             raises a `ValueError`: a 0/1 keep-mask and an additive 0/-inf
@@ -169,7 +215,17 @@ def scaled_dot_product_attention(
             elements, then the blockwise one (on PyTorch, unmasked attention
             stays on SDPA's own flash kernel, which is linear in memory).
             Dims unknown while tracing (a `None` batch) count as 1, so the
-            per-example score count decides.
+            per-example score count decides. A soft-cap, which the fused
+            kernel cannot apply, goes to the explicit path below the
+            threshold (`"fused"` with a soft-cap is a `ValueError`).
+        sliding_window: W, a positive int, or None. Query position
+            p = i + (S - T) may attend key j iff `0 <= p - j < W` when
+            causal (W keys, its own included; Hugging Face's and keras-hub
+            Mistral's meaning) and iff `|p - j| < W` otherwise (Keras's
+            `GroupQueryAttention` meaning). The blockwise path skips blocks
+            outside the window: its cost grows like T * W.
+        logit_soft_cap: c > 0, or None: the logits `q k^T * scale` become
+            `c * tanh(logits / c)` before the bias and masks (Gemma 2).
 
     Returns:
         The output `(..., T, d_v)` in the dtype of `value`, and, with
@@ -182,7 +238,7 @@ def scaled_dot_product_attention(
         `S == 0` zero rows.
     """
     check_implementation(implementation)
-    _validate(query, key, value, mask, bias, dropout_rate)
+    _validate(query, key, value, mask, bias, dropout_rate, sliding_window, logit_soft_cap)
     symbolic = any(isinstance(x, keras.KerasTensor) for x in (query, key, value, mask, bias))
     query = ops.convert_to_tensor(query)
     key = ops.convert_to_tensor(key)
@@ -194,6 +250,7 @@ def scaled_dot_product_attention(
     path = select_implementation(
         implementation, lead=score_lead(query, key), T=static_shape(query)[-2],
         S=static_shape(key)[-2], has_mask=mask is not None, has_bias=bias is not None,
-        is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic)
+        is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
+        has_window=sliding_window is not None, has_soft_cap=logit_soft_cap is not None)
     return _paths.attend(path, query, key, value, mask, bias, is_causal, scale, dropout_rate,
-                         seed, training, return_attention_scores)
+                         seed, training, return_attention_scores, sliding_window, logit_soft_cap)

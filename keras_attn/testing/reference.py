@@ -27,7 +27,10 @@ __all__ = [
     "layer_norm",
     "multi_head_attention",
     "numerical_gradient",
+    "rms_norm",
+    "rotary_embedding",
     "scaled_dot_product_attention",
+    "sliding_window_mask",
 ]
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -72,20 +75,43 @@ def causal_mask(query_length, key_length):
     return j <= i + (key_length - query_length)
 
 
-def scaled_dot_product_attention(
-    q, k, v, mask=None, bias=None, is_causal=False, scale=None
-):
-    """softmax(q k^T * scale + bias) v over the allowed keys.
+def sliding_window_mask(query_length, key_length, window, is_causal=True):
+    """(T, S) bool: the keys inside a window of W around each query.
 
-    q `(..., T, d_k)`, k `(..., S, d_k)`, v `(..., S, d_v)`. Returns the
+    Query i sits at absolute position p = i + (S - T). Causal: key j is in
+    the window iff 0 <= p - j < W (W keys, the query's own included);
+    non-causal: iff |p - j| < W.
+    """
+    p = np.arange(query_length)[:, None] + (key_length - query_length)
+    j = np.arange(key_length)[None, :]
+    if is_causal:
+        return (p - j >= 0) & (p - j < window)
+    return np.abs(p - j) < window
+
+
+def scaled_dot_product_attention(
+    q, k, v, mask=None, bias=None, is_causal=False, scale=None, sliding_window=None,
+    logit_soft_cap=None,
+):
+    """softmax(cap(q k^T * scale) + bias) v over the allowed keys.
+
+    q `(..., H, T, d_k)`, k `(..., H_kv, S, d_k)`, v `(..., H_kv, S, d_v)`
+    (H_kv = H without grouped heads; otherwise query head n uses key/value
+    head n // (H / H_kv)). `cap(x) = c * tanh(x / c)` with
+    c = `logit_soft_cap`, applied before the bias and masks. Returns the
     output `(..., T, d_v)` and the weights `(..., T, S)`. A query with no
     allowed key has all-zero weights and a zero output row.
     """
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    if k.ndim >= 3 and q.ndim == k.ndim and k.shape[-3] != q.shape[-3] and k.shape[-3] != 1:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
     T, S = q.shape[-2], k.shape[-2]
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     logits = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    if logit_soft_cap is not None:
+        logits = logit_soft_cap * np.tanh(logits / logit_soft_cap)
     if bias is not None:
         logits = logits + np.asarray(bias, np.float64)
     allowed = np.ones(logits.shape, bool)
@@ -93,6 +119,8 @@ def scaled_dot_product_attention(
         allowed = allowed & np.asarray(mask, bool)
     if is_causal:
         allowed = allowed & causal_mask(T, S)
+    if sliding_window is not None:
+        allowed = allowed & sliding_window_mask(T, S, sliding_window, is_causal)
     allowed = allowed & np.isfinite(logits)  # a -inf bias also forbids a key
     weights = np.zeros(logits.shape)
     for index in np.ndindex(logits.shape[:-1]):
@@ -101,6 +129,36 @@ def scaled_dot_product_attention(
             e = np.exp(row[keep] - row[keep].max())
             weights[index][keep] = e / e.sum()
     return np.matmul(weights, v), weights
+
+
+def rotary_embedding(x, positions, max_wavelength=10000.0, scaling_factor=1.0,
+                     interleaved=False):
+    """Rotary position embedding (RoPE) of `x` `(..., L, d)` at `positions` `(L,)`.
+
+    theta_i = max_wavelength^(-2i/d) / scaling_factor for i < d/2; the angle
+    of position p is p * theta_i. Half-split form (default): pairs (i, i + d/2),
+    `x * cos + rotate_half(x) * sin` with `rotate_half(x) = concat(-x2, x1)`;
+    interleaved form: pairs (2i, 2i + 1).
+    """
+    x = np.asarray(x, np.float64)
+    d = x.shape[-1]
+    theta = max_wavelength ** (-np.arange(0, d // 2) * 2.0 / d) / scaling_factor  # (d/2,)
+    angle = np.asarray(positions, np.float64)[..., None] * theta  # (..., L, d/2)
+    cos, sin = np.cos(angle), np.sin(angle)
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = x1 * cos - x2 * sin
+        out[..., 1::2] = x2 * cos + x1 * sin
+        return out
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def rms_norm(x, params, epsilon):
+    """x / sqrt(mean(x^2) + eps) * scale, over the last axis."""
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + epsilon) * params["scale"]
 
 
 def dense(x, params):
