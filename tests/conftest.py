@@ -21,7 +21,7 @@ try:
 except ImportError:  # pragma: no cover
     settings = None
 if settings is not None:
-    settings.register_profile("ci", derandomize=True, max_examples=40, deadline=None,
+    settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None,
                               print_blob=True)
     settings.register_profile("thorough", max_examples=400, deadline=None, print_blob=True)
     settings.load_profile("ci")

@@ -248,7 +248,7 @@ NAMES = ("query", "key", "value", "bias")
 
 
 @pytest.mark.requires_trainable_backend
-@examples(0.3)
+@examples(0.2)
 @given(problems(dtypes=("float32", "float16"), paths=("explicit",)))
 def test_gradients_are_finite_and_agree_across_paths(p):
     q, k, v, mask, bias = build(p)
@@ -353,7 +353,7 @@ def _check_declared_shape(layer, inputs):
     return out
 
 
-@examples(0.25)
+@examples(0.15)
 @given(mha_cases())
 def test_multi_head_attention_output_has_the_declared_shape(case):
     cfg, shapes, seed = case
@@ -367,7 +367,7 @@ def test_multi_head_attention_survives_config_and_keras_round_trips(case):
     _round_trips(*_built(_make_mha(cfg), shapes, seed))
 
 
-@examples(0.25)
+@examples(0.15)
 @given(transformer_cases())
 def test_transformer_layers_output_has_the_declared_shape(case):
     kind, num_heads, kwargs, shapes, seed = case
