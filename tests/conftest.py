@@ -12,6 +12,20 @@ from keras_attn import _device  # noqa: E402
 BACKEND = keras.backend.backend()
 TRAINABLE = BACKEND in ("tensorflow", "jax", "torch")
 
+# Hypothesis profiles (tests/test_properties.py): `ci` is the default, reproducible and
+# sized for <= 2 minutes per backend on 2 CPU cores; `pytest --hypothesis-profile=thorough`
+# explores thousands of fresh examples. No deadline: JAX compiles per shape. (tox's
+# parity and GPU environments do not install hypothesis and run no property test.)
+try:
+    from hypothesis import settings
+except ImportError:  # pragma: no cover
+    settings = None
+if settings is not None:
+    settings.register_profile("ci", derandomize=True, max_examples=20, deadline=None,
+                              print_blob=True)
+    settings.register_profile("thorough", max_examples=400, deadline=None, print_blob=True)
+    settings.load_profile("ci")
+
 # float32 must mean float32 on GPUs, as in Keras's own test suite.
 _device.disable_tf32()
 
