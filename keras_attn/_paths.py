@@ -143,7 +143,7 @@ def zero_unattended_keys(key, value, allowed, key_axis, group=1):
     """
     if allowed is None:
         return key, value
-    live = ops.any(allowed, axis=-2)  # (..., S): attended by some query
+    live = ops.any(to_rank(allowed, 2), axis=-2)  # (..., S): attended by some query
     if group > 1 and len(live.shape) >= 2 and live.shape[-2] not in (1, None):
         heads, S = live.shape[-2:]
         grouped = tuple(ops.shape(live)[:-2]) + (heads // group, group, S)

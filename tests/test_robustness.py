@@ -247,3 +247,36 @@ def test_built_layer_called_on_another_width():
     with pytest.raises(ValueError, match=r"built for `value` of width 8.*"
                                          r"Received: value.shape=\(2, 5, 3\)"):
         layer(randn(g, 2, 5, 8), randn(g, 2, 5, 3))
+
+
+# ----------------------------------------------------------------------------
+# Regressions found by the property tests (tests/test_properties.py).
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_rank_one_mask_with_nan_in_a_masked_key(path):
+    """A mask of shape (S,) (found by Hypothesis: the dead-key reduction assumed rank >= 2)."""
+    g, q, k, v = _qkv(20, T=1, S=3)
+    keep = np.array([True, False, True])
+    v[..., 1, :] = np.nan
+    out = sdpa(q, k, v, mask=keep, implementation=path)
+    clean = v.copy()
+    clean[..., 1, :] = 0.0
+    expected, _ = reference.scaled_dot_product_attention(q, k, clean, mask=keep)
+    assert_close(out, expected)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_integer_mask_of_256_means_may_attend(path):
+    """Found by Hypothesis (thorough, torch): a uint8 cast read 256 as 0 on the blockwise path."""
+    g, q, k, v = _qkv(21, T=2, S=3)
+    mask = np.array([[256, 0, 1], [0, 512, 0]], "int32")
+    out = sdpa(q, k, v, mask=mask, implementation=path)
+    expected, _ = reference.scaled_dot_product_attention(q, k, v, mask=mask != 0)
+    assert_close(out, expected)
+
+
+def test_encoder_and_decoder_declare_their_output_shape():
+    """Found by Hypothesis: compute_output_shape raised NotImplementedError."""
+    for cls in (keras_attn.TransformerEncoderLayer, keras_attn.TransformerDecoderLayer):
+        assert cls(2, intermediate_dim=8).compute_output_shape((3, 5, 8)) == (3, 5, 8)

@@ -141,6 +141,10 @@ class TransformerLayerBase(keras.layers.Layer):
             x = norm(x)
         return x
 
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        """`(B, T, D)`: the output has the input's shape."""
+        return tuple(inputs_shape)
+
     def get_config(self):
         config = super().get_config()
         config.update({
