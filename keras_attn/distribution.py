@@ -139,32 +139,48 @@ class _LayoutMap(keras.distribution.LayoutMap):
         match = _WEIGHT.fullmatch(key)
         if layout is None or match is None:
             return layout
-        return self.layout_for(_owner_being_built(), match["sublayer"], match["weight"], layout)
+        return self.layout_for(_owner_being_built(key), match["sublayer"], match["weight"], layout)
 
 
 _WEIGHT = re.compile(_PREFIX + "(?P<sublayer>" + "|".join(COLUMN_PARALLEL + ROW_PARALLEL)
                      + ")/(?P<weight>kernel|bias)")
 
 
-def _owner_being_built():
-    """The layer that owns the sublayer Keras is creating weights for, or None.
+def _owner_being_built(path):
+    """The layer that owns the sublayer whose weight `path` Keras is laying out, or None.
 
-    Read from Keras's name-scope stack: its last entry is the sublayer
-    (`.../key_dense`), the one before it the owner (`MultiHeadAttention`).
-    That stack is internal to Keras; if it moves, this returns None and the
-    map falls back to replicating key/value weights (safe, more memory). The
-    test suite checks that a multi-head layer's key/value weights are in
-    fact sharded, so such a change would not go unnoticed.
+    Read from Keras's name-scope stack, which records the layers being
+    built (the same stack that makes `variable.path`). When Keras creates
+    the weight inside its layers' build, the stack ends with the sublayer
+    (`.../key_dense`) and the owner just before it. When Keras defers
+    initialization (a subclassed model's first call builds symbolically and
+    lays out the variables afterwards), only outer layers are on the stack:
+    the owner is then looked up among their sublayers by its path. The stack
+    is internal to Keras; if it moves, this returns None and the map falls
+    back to replicating key/value weights (safe, more memory). The tests
+    check that a multi-head layer's key/value weights are in fact sharded
+    in Functional and subclassed models, so such a change would show.
     """
     try:
         from keras.src.backend.common import global_state
+        from keras.src.backend.common.name_scope import current_path
 
         stack = global_state.get_global_attribute("name_scope_stack") or []
-    except Exception:  # pragma: no cover - a Keras without this internal
+        here = current_path()
+    except Exception:  # pragma: no cover - a Keras without these internals
         return None
-    if len(stack) < 2:
-        return None
-    return getattr(stack[-2], "caller", None)
+    sublayer_path = path.rsplit("/", 1)[0]
+    if len(stack) >= 2 and here == sublayer_path:
+        return getattr(stack[-2], "caller", None)
+    owner_path = sublayer_path.rsplit("/", 1)[0] if "/" in sublayer_path else None
+    for scope in stack:
+        caller = getattr(scope, "caller", None)
+        if owner_path is None or not isinstance(caller, keras.layers.Layer):
+            continue
+        for layer in caller._flatten_layers(include_self=True, recursive=True):
+            if layer.path == owner_path:
+                return layer
+    return None
 
 
 def _owned_sublayers(model):
