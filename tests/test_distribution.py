@@ -327,3 +327,25 @@ def test_two_processes_train_data_parallel_like_one(tmp_path):
     trained = np.load(str(outs[0]) + ".npz")
     for i, w in enumerate(model.get_weights()):
         _record("demo", "2 processes", "fit weights", trained[f"arr_{i}"], w)
+
+
+TINY_DEMO = ["--epochs", "1", "--num-train", "256", "--num-test", "16", "--max-length", "4",
+             "--model-dim", "16", "--num-layers", "1", "--batch-size", "32", "--examples", "0"]
+
+
+@needs_8
+def test_demo_trains_under_model_parallel(tmp_path, capsys):
+    from keras_attn.cli import main
+
+    assert main(["demo", *TINY_DEMO, "--distribute", "model", "--output", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "distribution: ModelParallel on 8 device(s), mesh {'batch': 2, 'model': 4}" in out
+    assert "reloaded model decodes identically: yes" in out
+
+
+@pytest.mark.skipif(BACKEND == "jax", reason="checks the error on the other backends")
+def test_demo_distribute_needs_jax(tmp_path, capsys):
+    from keras_attn.cli import main
+
+    assert main(["demo", *TINY_DEMO, "--distribute", "data", "--output", str(tmp_path)]) == 2
+    assert "--distribute needs the JAX backend" in capsys.readouterr().err
