@@ -1,6 +1,7 @@
 """The `keras-attn demo` command: options, checks, train, decode, save, reload."""
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -66,6 +67,35 @@ def add_arguments(parser):
                         help="peak Adam learning rate (default: 0.003)")
     parser.add_argument("--examples", type=int, default=5,
                         help="held-out examples to print (default: 5)")
+    parser.add_argument("--distribute", choices=("data", "model"), default=None,
+                        help="train under keras.distribution on every device JAX sees: "
+                             "'data' (DataParallel) or 'model' (ModelParallel with "
+                             "keras_attn.distribution.get_layout_map); JAX backend only")
+
+
+def _distribution(kind, batch_size):
+    """`(distribution, description)` over every visible device, or raise ValueError."""
+    import math
+
+    import keras
+
+    from keras_attn.distribution import get_layout_map
+
+    devices = keras.distribution.list_devices()
+    n = len(devices)
+    if kind == "data":
+        mesh_shape, names = (n,), ("batch",)
+        distribution = keras.distribution.DataParallel(devices=devices)
+    else:
+        model_size = math.gcd(n, 4)  # the demo's 4 heads split evenly
+        mesh_shape, names = (n // model_size, model_size), ("batch", "model")
+        mesh = keras.distribution.DeviceMesh(mesh_shape, names, devices=devices)
+        distribution = keras.distribution.ModelParallel(layout_map=get_layout_map(mesh))
+    if batch_size % mesh_shape[0]:
+        raise ValueError(f"--batch-size {batch_size} must be divisible by the {mesh_shape[0]} "
+                         "devices of the mesh's batch axis")
+    return distribution, (f"{type(distribution).__name__} on {n} device(s), mesh "
+                          f"{dict(zip(names, mesh_shape, strict=True))}")
 
 
 def _output_problem(path):
@@ -105,6 +135,17 @@ def run(args):
     if info["backend"] == "numpy":
         return _fail("the numpy backend cannot train; set KERAS_BACKEND to jax, torch "
                      "or tensorflow")
+    distribution = None
+    if args.distribute:
+        if info["backend"] != "jax":
+            return _fail(f"--distribute needs the JAX backend: Keras implements "
+                         f"keras.distribution on JAX only (this is {info['backend']}); "
+                         "set KERAS_BACKEND=jax")
+        try:
+            distribution, description = _distribution(args.distribute, args.batch_size)
+        except ValueError as error:
+            return _fail(str(error))
+        print(f"distribution: {description}")
     _device.single_cpu_thread_for_small_ops()
     keras.utils.set_random_seed(args.seed)
     try:
@@ -116,11 +157,17 @@ def run(args):
     print(f"task: {args.task} digit sequences of length {min_length}..{args.max_length}; "
           f"{len(train[0])} training, {len(test[0])} held-out")
 
-    model = build_model(VOCAB_SIZE, args.max_length, target_length,
-                        model_dim=args.model_dim, intermediate_dim=2 * args.model_dim,
-                        num_heads=4, num_layers=args.num_layers, name=f"{args.task}_transformer")
+    # Under a distribution, variables are laid out when they are created and
+    # the batches of `fit` are split across the mesh's batch axis.
+    scope = distribution.scope if distribution is not None else contextlib.nullcontext
+    with scope():
+        model = build_model(VOCAB_SIZE, args.max_length, target_length,
+                            model_dim=args.model_dim, intermediate_dim=2 * args.model_dim,
+                            num_heads=4, num_layers=args.num_layers,
+                            name=f"{args.task}_transformer")
     steps = args.epochs * -(-len(train[0]) // args.batch_size)
-    compile_for_training(model, steps, args.learning_rate)
+    with scope():
+        compile_for_training(model, steps, args.learning_rate)
     print(f"model: {args.num_layers} encoder + {args.num_layers} decoder layers, "
           f"width {args.model_dim}, 4 heads, {model.count_params():,} parameters")
 
@@ -128,9 +175,10 @@ def run(args):
     fit_start = time.perf_counter()
     # Weight 0 on padding, so the loss and the token accuracy count real tokens only.
     weights = (targets != 0).astype("float32")
-    model.fit([sources, decoder_inputs], targets, sample_weight=weights,
-              batch_size=args.batch_size,
-              epochs=args.epochs, verbose=1)
+    with scope():
+        model.fit([sources, decoder_inputs], targets, sample_weight=weights,
+                  batch_size=args.batch_size,
+                  epochs=args.epochs, verbose=1)
     fit_seconds = time.perf_counter() - fit_start
 
     test_sources, _, test_targets = test
