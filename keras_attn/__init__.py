@@ -4,10 +4,7 @@ They run unchanged on the TensorFlow, JAX and PyTorch backends of Keras 3
 (and on the NumPy backend for inference), chosen by `KERAS_BACKEND`.
 """
 
-from keras_attn import (
-    config,
-    convert,  # noqa: E402  (after the layers it builds)
-)
+from keras_attn import config, convert
 from keras_attn.attention import (
     causal_mask,
     combine_masks,
@@ -21,12 +18,14 @@ from keras_attn.layers import (
     TransformerDecoderLayer,
     TransformerEncoderLayer,
 )
+from keras_attn.rotary import RotaryEmbedding, rotary_embedding
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MultiHeadAttention",
     "PositionwiseFeedForward",
+    "RotaryEmbedding",
     "TransformerDecoderLayer",
     "TransformerEncoderLayer",
     "causal_mask",
@@ -34,6 +33,7 @@ __all__ = [
     "config",
     "convert",
     "padding_mask",
+    "rotary_embedding",
     "scaled_dot_product_attention",
     "sliding_window_mask",
 ]

@@ -110,6 +110,7 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
     if _known_scores(lead, T, S) <= config.blockwise_threshold():
         return _taken("explicit" if has_soft_cap else "fused")
     if (keras.backend.backend() == "torch" and not has_mask and not has_bias and not has_window
+            and not has_soft_cap
             and (not is_causal or T == S)):
         # PyTorch's SDPA runs its own flash kernel here (no mask to
         # materialise): linear memory already, and faster than a loop.
@@ -308,7 +309,7 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
         output = fused_attention_bthd(query, key, value, mask, bias, is_causal, scale, window)
         return ops.cast(output[..., :d_v], out_dtype)
     heads, kv_heads = static_shape(query)[2], static_shape(key)[2]
-    if kv_heads not in (1, heads):  # grouped heads: (B, S, H_kv, d) -> (B, S, H, d)
+    if None not in (heads, kv_heads) and kv_heads != heads:  # (B, S, H_kv, d) -> (B, S, H, d)
         key, value = (ops.repeat(x, heads // kv_heads, axis=2) for x in (key, value))
     T, S = static_shape(query)[1], static_shape(key)[1]
     use_flag = (bool(is_causal) and window is None and mask is None and bias is None

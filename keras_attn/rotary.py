@@ -49,6 +49,7 @@ def rotary_embedding(x, positions=None, start_index=0, max_wavelength=10000.0,
     Returns:
         A tensor of the shape and dtype of `x`.
     """
+    x = ops.convert_to_tensor(x)
     shape = static_shape(x)
     dim = shape[-1]
     if dim is None or dim % 2:

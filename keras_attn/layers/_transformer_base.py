@@ -5,7 +5,7 @@ import keras
 from keras_attn._validation import check_dropout, check_positive_int
 from keras_attn.layers._common import clone_initializer
 from keras_attn.layers.feed_forward import PositionwiseFeedForward
-from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.multi_head_attention import MultiHeadAttention, check_attention_options
 
 __all__ = ["TransformerLayerBase"]
 
@@ -29,6 +29,16 @@ class TransformerLayerBase(keras.layers.Layer):
         normalize_first=False,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        num_key_value_heads=None,
+        rope_max_wavelength=None,
+        rope_scaling_factor=1.0,
+        rope_interleaved=False,
+        sliding_window=None,
+        logit_soft_cap=None,
+        qk_norm=None,
+        normalization="layer",
+        use_bias=True,
+        gated_feed_forward=False,
         **kwargs,
     ):
         if args:
@@ -55,6 +65,18 @@ class TransformerLayerBase(keras.layers.Layer):
         self.normalize_first = bool(normalize_first)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        if normalization not in ("layer", "rms"):
+            raise ValueError("`normalization` must be 'layer' (LayerNormalization) or 'rms' "
+                             f"(RMSNormalization). Received: normalization={normalization!r}")
+        self.normalization = normalization
+        self.use_bias = bool(use_bias)
+        self.gated_feed_forward = bool(gated_feed_forward)
+        # The self-attention's options, checked now rather than at build.
+        self.attention_options = check_attention_options(
+            self.num_heads, self.key_dim, num_key_value_heads=num_key_value_heads,
+            rope_max_wavelength=rope_max_wavelength, rope_scaling_factor=rope_scaling_factor,
+            rope_interleaved=rope_interleaved, sliding_window=sliding_window,
+            logit_soft_cap=logit_soft_cap, qk_norm=qk_norm)
         self.supports_masking = True
 
     def _head_dim(self, model_dim):
@@ -76,21 +98,26 @@ class TransformerLayerBase(keras.layers.Layer):
             "bias_initializer": clone_initializer(self.bias_initializer),
         }
 
-    def _attention(self, name, model_dim, query_shape, key_shape):
+    def _attention(self, name, model_dim, query_shape, key_shape, self_attention=True):
+        """An attention sublayer; the GQA/RoPE/window/cap/qk-norm options are self-attention's."""
+        options = self.attention_options if self_attention else {}
         layer = MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=self._head_dim(model_dim),
             output_dim=model_dim,
+            use_bias=self.use_bias,
             dtype=self.dtype_policy,
             name=name,
+            **options,
             **self._initializers(),
         )
         layer.build(query_shape, value_shape=key_shape)
         return layer
 
     def _norm(self, name, input_shape):
-        layer = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
+        cls = (keras.layers.RMSNormalization if self.normalization == "rms"
+               else keras.layers.LayerNormalization)
+        layer = cls(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
         layer.build(input_shape)
         return layer
 
@@ -101,6 +128,8 @@ class TransformerLayerBase(keras.layers.Layer):
         layer = PositionwiseFeedForward(
             self.intermediate_dim,
             activation=self.activation,
+            use_bias=self.use_bias,
+            gated=self.gated_feed_forward,
             dtype=self.dtype_policy,
             name="feed_forward",
             **self._initializers(),
@@ -157,5 +186,9 @@ class TransformerLayerBase(keras.layers.Layer):
             "normalize_first": self.normalize_first,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            **self.attention_options,
+            "normalization": self.normalization,
+            "use_bias": self.use_bias,
+            "gated_feed_forward": self.gated_feed_forward,
         })
         return config

@@ -13,7 +13,9 @@ class PositionwiseFeedForward(keras.layers.Layer):
     """`FFN(x) = W_2 dropout(activation(W_1 x + b_1)) + b_2`, per position.
 
     The activation is applied after the first dense layer only, as in the
-    paper's Eq. 2 (not after the second).
+    paper's Eq. 2 (not after the second). With `gated=True` it is the gated
+    form of today's decoders, `W_down dropout(act(W_gate x) * W_up x)`:
+    SwiGLU with `activation="silu"` (Llama, Mistral), GeGLU with `"gelu"`.
 
     Shapes: B batch, T length, D input width, F `intermediate_dim`.
 
@@ -22,7 +24,10 @@ class PositionwiseFeedForward(keras.layers.Layer):
         output_dim: width of the output. Defaults to D.
         activation: activation of the hidden layer (name or callable).
         dropout: dropout rate on the hidden activations (training only).
-        use_bias: whether both dense layers have biases.
+        use_bias: whether the dense layers have biases.
+        gated: the gated form. Sublayers: `gate_dense` (W_gate, with the
+            activation), `intermediate_dense` (W_up, linear) and
+            `output_dense` (W_down), as keras-hub's Llama feed-forward.
         kernel_initializer: initializer of the kernels.
         bias_initializer: initializer of the biases.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
@@ -44,6 +49,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         use_bias=True,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        gated=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -54,6 +60,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.gated = bool(gated)
         self.supports_masking = True
 
     def _dense(self, units, activation, name):
@@ -69,8 +76,11 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     def build(self, input_shape):
         input_shape = tuple(input_shape)
+        if self.gated:
+            self.gate_dense = self._dense(self.intermediate_dim, self.activation, "gate_dense")
+            self.gate_dense.build(input_shape)
         self.intermediate_dense = self._dense(
-            self.intermediate_dim, self.activation, "intermediate_dense")
+            self.intermediate_dim, None if self.gated else self.activation, "intermediate_dense")
         self.intermediate_dense.build(input_shape)
         self.dropout_layer = keras.layers.Dropout(
             self.dropout, dtype=self.dtype_policy, name="dropout")
@@ -80,7 +90,9 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
-        hidden = self.intermediate_dense(inputs)  # (B, T, F), activation applied
+        hidden = self.intermediate_dense(inputs)  # (B, T, F), activation applied unless gated
+        if self.gated:
+            hidden = self.gate_dense(inputs) * hidden  # act(W_gate x) * W_up x
         hidden = self.dropout_layer(hidden, training=training)
         return self.output_dense(hidden)  # (B, T, output_dim)
 
@@ -97,5 +109,6 @@ class PositionwiseFeedForward(keras.layers.Layer):
             "use_bias": self.use_bias,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "gated": self.gated,
         })
         return config

@@ -18,12 +18,14 @@ from keras_attn._validation import (
     check_broadcastable,
     check_dropout,
     check_floating,
+    check_positive_float,
     check_positive_int,
     check_rank,
 )
 from keras_attn.layers._common import clone_initializer
+from keras_attn.rotary import rotary_embedding
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["MultiHeadAttention", "check_attention_options"]
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -95,6 +97,28 @@ class MultiHeadAttention(keras.layers.Layer):
         flash_attention: Keras's argument: `None` (default) leaves the
             choice to `implementation`; `True` means `implementation="fused"`
             and `False` means `"explicit"`.
+        num_key_value_heads: H_kv, the key/value heads (grouped-query
+            attention; 1 is multi-query). Defaults to `num_heads`; must
+            divide it. `key_dense`/`value_dense` project to `H_kv * d`, and
+            query head n uses key/value head `n // (H / H_kv)` (as Keras's
+            `GroupQueryAttention`).
+        rope_max_wavelength: the base of rotary position embeddings applied
+            to queries and keys per head (after `qk_norm`); None (default)
+            for none. `key_dim` must then be even. Positions are absolute
+            and bottom-right aligned: query i is at `i + (S - T)`, key j at j.
+        rope_scaling_factor: linear position scaling of RoPE.
+        rope_interleaved: pair features (2i, 2i + 1) instead of the default
+            half-split (i, i + d/2) (see `keras_attn.rotary_embedding`).
+        sliding_window: W, or None: query position p attends key j only if
+            `0 <= p - j < W` with `use_causal_mask=True`, or `|p - j| < W`
+            without (see `keras_attn.scaled_dot_product_attention`).
+        logit_soft_cap: c > 0, or None: logits become `c * tanh(logits / c)`
+            before masking (Gemma 2).
+        qk_norm: None (default), `"rms"` or `"layer"`: normalise each head's
+            queries and keys over d_k (sublayers `query_norm`, `key_norm`:
+            Keras's `RMSNormalization` / `LayerNormalization`, one scale
+            shared by the heads) before RoPE.
+        qk_norm_epsilon: epsilon of the qk norms.
         **kwargs: base layer arguments (`name`, `dtype`,
             `activity_regularizer`, ...).
 
@@ -142,6 +166,14 @@ class MultiHeadAttention(keras.layers.Layer):
         kernel_constraint=None,
         bias_constraint=None,
         flash_attention=None,
+        num_key_value_heads=None,
+        rope_max_wavelength=None,
+        rope_scaling_factor=1.0,
+        rope_interleaved=False,
+        sliding_window=None,
+        logit_soft_cap=None,
+        qk_norm=None,
+        qk_norm_epsilon=1e-6,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -163,6 +195,14 @@ class MultiHeadAttention(keras.layers.Layer):
         self.implementation = _implementation_from_flash(
             check_implementation(implementation), flash_attention)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
+        options = check_attention_options(
+            self.num_heads, self.key_dim, num_key_value_heads=num_key_value_heads,
+            rope_max_wavelength=rope_max_wavelength, rope_scaling_factor=rope_scaling_factor,
+            rope_interleaved=rope_interleaved, sliding_window=sliding_window,
+            logit_soft_cap=logit_soft_cap, qk_norm=qk_norm)
+        for name, value in options.items():
+            setattr(self, name, value)
+        self.qk_norm_epsilon = check_positive_float("qk_norm_epsilon", qk_norm_epsilon)
         self.supports_masking = True
 
     @property
@@ -197,10 +237,14 @@ class MultiHeadAttention(keras.layers.Layer):
 
         self.query_dense = self._dense(H * d_k, "query_dense")
         self.query_dense.build(query_shape)
-        self.key_dense = self._dense(H * d_k, "key_dense")
+        H_kv = self.num_key_value_heads
+        self.key_dense = self._dense(H_kv * d_k, "key_dense")
         self.key_dense.build(key_shape)
-        self.value_dense = self._dense(H * d_v, "value_dense")
+        self.value_dense = self._dense(H_kv * d_v, "value_dense")
         self.value_dense.build(value_shape)
+        if self.qk_norm is not None:
+            self.query_norm = self._qk_norm("query_norm")
+            self.key_norm = self._qk_norm("key_norm")
         self.output_dense = self._dense(out_dim, "output_dense")
         self.output_dense.build(query_shape[:-1] + (H * d_v,))
         self.built = True
@@ -211,21 +255,42 @@ class MultiHeadAttention(keras.layers.Layer):
         return not getattr(dense, "lora_enabled", False) and not getattr(
             dense, "quantization_mode", None)
 
-    def _project_heads(self, dense, x, head_dim):
-        """`dense(x)` as `(B, L, H, d)`.
+    def _qk_norm(self, name):
+        if self.qk_norm == "rms":
+            layer = keras.layers.RMSNormalization(
+                epsilon=self.qk_norm_epsilon, dtype=self.dtype_policy, name=name)
+        else:
+            layer = keras.layers.LayerNormalization(
+                epsilon=self.qk_norm_epsilon, dtype=self.dtype_policy, name=name)
+        layer.build((None, None, None, self.key_dim))
+        return layer
+
+    def _positions(self, query, key):
+        """Query and key absolute positions, bottom-right aligned: `(T,)`, `(S,)`."""
+        T, S = ops.shape(query)[1], ops.shape(key)[1]
+        return ops.arange(T, dtype="int32") + (S - T), ops.arange(S, dtype="int32")
+
+    def _rope(self, x, positions):
+        return rotary_embedding(x, positions, max_wavelength=self.rope_max_wavelength,
+                                scaling_factor=self.rope_scaling_factor,
+                                interleaved=self.rope_interleaved)
+
+    def _project_heads(self, dense, x, head_dim, heads=None):
+        """`dense(x)` as `(B, L, heads, d)` (`heads` defaults to H).
 
         One einsum into the heads layout (as Keras's own MHA does with
         `EinsumDense`), reading the `Dense` kernel `(in, H * d)` as
         `(in, H, d)` (a free reshape). This measured faster than `Dense` +
         reshape in JAX's compiled train step; the weights are the same.
         """
+        heads = heads or self.num_heads
         if not self._plain(dense):
             y = dense(x)
-            return ops.reshape(y, (ops.shape(y)[0], ops.shape(y)[1], self.num_heads, head_dim))
-        kernel = ops.reshape(dense.kernel, (dense.kernel.shape[0], self.num_heads, head_dim))
+            return ops.reshape(y, (ops.shape(y)[0], ops.shape(y)[1], heads, head_dim))
+        kernel = ops.reshape(dense.kernel, (dense.kernel.shape[0], heads, head_dim))
         y = ops.einsum("bli,ihd->blhd", x, kernel)
         if dense.bias is not None:
-            y = y + ops.reshape(dense.bias, (self.num_heads, head_dim))
+            y = y + ops.reshape(dense.bias, (heads, head_dim))
         return y
 
     def _project_output(self, attended):
@@ -325,23 +390,33 @@ class MultiHeadAttention(keras.layers.Layer):
         path = select_implementation(
             self.implementation, lead=(B, H), T=T, S=S, has_mask=mask_4d is not None,
             has_bias=False, is_causal=use_causal_mask, needs_weights=needs_weights,
-            symbolic=isinstance(query, keras.KerasTensor))
+            symbolic=isinstance(query, keras.KerasTensor),
+            has_window=self.sliding_window is not None,
+            has_soft_cap=self.logit_soft_cap is not None)
 
+        H_kv = self.num_key_value_heads
         q = self._project_heads(self.query_dense, query, d_k)  # (B, T, H, d_k)
-        k = self._project_heads(self.key_dense, key, d_k)  # (B, S, H, d_k)
-        v = self._project_heads(self.value_dense, value, d_v)  # (B, S, H, d_v)
+        k = self._project_heads(self.key_dense, key, d_k, H_kv)  # (B, S, H_kv, d_k)
+        v = self._project_heads(self.value_dense, value, d_v, H_kv)  # (B, S, H_kv, d_v)
+        if self.qk_norm is not None:
+            q, k = self.query_norm(q), self.key_norm(k)
+        if self.rope_max_wavelength is not None:
+            q_positions, k_positions = self._positions(query, key)
+            q, k = self._rope(q, q_positions), self._rope(k, k_positions)
         scale = 1.0 / math.sqrt(d_k)
         scores = None
         if path == "fused" and 0 not in (T, S):
             # Keras's (B, T, H, d) layout: no transposes on our side.
             attended = fused_attention_bthd(
-                q, k, v, mask=mask_4d, is_causal=use_causal_mask, scale=scale)  # (B, T, H, d_v)
+                q, k, v, mask=mask_4d, is_causal=use_causal_mask, scale=scale,
+                window=self.sliding_window)  # (B, T, H, d_v)
         else:
-            q, k, v = (ops.swapaxes(x, 1, 2) for x in (q, k, v))  # (B, H, L, d)
+            q, k, v = (ops.swapaxes(x, 1, 2) for x in (q, k, v))  # (B, H|H_kv, L, d)
             attended = attend(
                 path, q, k, v, mask=mask_4d, is_causal=use_causal_mask, scale=scale,
                 dropout_rate=self.dropout, seed=self.seed_generator, training=training,
-                return_attention_scores=bool(return_attention_scores))
+                return_attention_scores=bool(return_attention_scores),
+                window=self.sliding_window, soft_cap=self.logit_soft_cap)
             if return_attention_scores:
                 attended, scores = attended
             attended = ops.swapaxes(attended, 1, 2)  # (B, T, H, d_v)
@@ -385,6 +460,14 @@ class MultiHeadAttention(keras.layers.Layer):
             "bias_constraint": keras.constraints.serialize(self.bias_constraint),
             "seed": self.seed,
             "implementation": self.implementation,
+            "num_key_value_heads": self.num_key_value_heads,
+            "rope_max_wavelength": self.rope_max_wavelength,
+            "rope_scaling_factor": self.rope_scaling_factor,
+            "rope_interleaved": self.rope_interleaved,
+            "sliding_window": self.sliding_window,
+            "logit_soft_cap": self.logit_soft_cap,
+            "qk_norm": self.qk_norm,
+            "qk_norm_epsilon": self.qk_norm_epsilon,
         })
         return config
 
@@ -433,3 +516,37 @@ def _implementation_from_flash(implementation, flash_attention):
             f"Received: flash_attention={flash_attention!r}, implementation={implementation!r}"
         )
     return wanted
+
+
+def check_attention_options(num_heads, key_dim=None, *, num_key_value_heads=None,
+                            rope_max_wavelength=None, rope_scaling_factor=1.0,
+                            rope_interleaved=False, sliding_window=None, logit_soft_cap=None,
+                            qk_norm=None):
+    """The grouped-heads / RoPE / window / soft-cap / qk-norm options, checked and normalised.
+
+    `key_dim` None (the encoder/decoder derive it at build) skips the
+    even-width check of RoPE until then.
+    """
+    kv_heads = check_positive_int(
+        "num_key_value_heads", num_key_value_heads, allow_none=True) or num_heads
+    if num_heads % kv_heads:
+        raise ValueError(
+            "`num_heads` must be divisible by `num_key_value_heads` (each key/value head "
+            f"serves a group of query heads). Received: num_heads={num_heads}, "
+            f"num_key_value_heads={kv_heads}")
+    wavelength = check_positive_float("rope_max_wavelength", rope_max_wavelength, allow_none=True)
+    if wavelength is not None and key_dim is not None and key_dim % 2:
+        raise ValueError(
+            "Rotary embeddings rotate pairs of features: the head width must be even when "
+            f"`rope_max_wavelength` is set. Received: key_dim={key_dim}")
+    if qk_norm not in (None, "rms", "layer"):
+        raise ValueError(f"`qk_norm` must be None, 'rms' or 'layer'. Received: qk_norm={qk_norm!r}")
+    return {
+        "num_key_value_heads": kv_heads,
+        "rope_max_wavelength": wavelength,
+        "rope_scaling_factor": check_positive_float("rope_scaling_factor", rope_scaling_factor),
+        "rope_interleaved": bool(rope_interleaved),
+        "sliding_window": check_positive_int("sliding_window", sliding_window, allow_none=True),
+        "logit_soft_cap": check_positive_float("logit_soft_cap", logit_soft_cap, allow_none=True),
+        "qk_norm": qk_norm,
+    }

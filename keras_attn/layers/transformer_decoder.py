@@ -64,7 +64,7 @@ class TransformerDecoderLayer(TransformerLayerBase):
         if self.has_memory:
             memory_shape = check_rank("memory", memory_shape, 3, "(B, S, D_m)")
             self.cross_attention = self._attention(
-                "cross_attention", model_dim, inputs_shape, memory_shape)
+                "cross_attention", model_dim, inputs_shape, memory_shape, self_attention=False)
             self.cross_attention_norm = self._norm("cross_attention_norm", inputs_shape)
             self.cross_attention_dropout = self._dropout("cross_attention_dropout")
         self.feed_forward = self._feed_forward(inputs_shape)

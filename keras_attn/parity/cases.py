@@ -159,12 +159,15 @@ def _mha(prefix, q_dim, k_dim, v_dim, heads, key_dim, value_dim=None, output_dim
     return shapes
 
 
-def _ffn(prefix, dim, inter, output_dim=None, bias=True):
+def _ffn(prefix, dim, inter, output_dim=None, bias=True, gated=False):
     p = prefix + "/" if prefix else ""
     sizes = {"intermediate": (dim, inter), "output": (inter, output_dim or dim)}
     shapes = {}
+    if gated:
+        sizes["gate"] = (dim, inter)
     for part in LAYOUT["PositionwiseFeedForward"]["dense"]:
-        shapes.update(_dense(p + part, *sizes[part], bias))
+        if part in sizes:
+            shapes.update(_dense(p + part, *sizes[part], bias))
     return shapes
 
 

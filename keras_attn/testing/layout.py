@@ -8,11 +8,14 @@ parity cases (plain NumPy) name their weights from it.
 
 __all__ = ["LAYOUT"]
 
-# Layer kind -> its dense sublayers (`<part>_dense`), or its blocks (each a
-# sublayer `<part>` plus a norm `<part>_norm`).
+# Layer kind -> its dense sublayers (`<part>_dense`), its norms (`<part>`,
+# LayerNormalization `gamma`/`beta` or RMSNormalization `scale`), or its
+# blocks (each a sublayer `<part>` plus a norm `<part>_norm`). Parts a layer
+# was built without (a gate, qk norms, cross-attention) are skipped.
 LAYOUT = {
-    "MultiHeadAttention": {"dense": ("query", "key", "value", "output")},
-    "PositionwiseFeedForward": {"dense": ("intermediate", "output")},
+    "MultiHeadAttention": {"dense": ("query", "key", "value", "output"),
+                           "norms": ("query_norm", "key_norm")},
+    "PositionwiseFeedForward": {"dense": ("gate", "intermediate", "output")},
     "TransformerEncoderLayer": {"blocks": ("self_attention", "feed_forward")},
     "TransformerDecoderLayer": {"blocks": ("self_attention", "cross_attention", "feed_forward")},
 }

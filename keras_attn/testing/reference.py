@@ -182,27 +182,53 @@ def _split_heads(x, num_heads):
     return x.reshape(B, L, num_heads, width // num_heads).transpose(0, 2, 1, 3)
 
 
+def _head_norm(x, params, kind, epsilon):
+    """Normalise each head's vectors `(B, H, L, d)` over d (qk-norm)."""
+    if kind == "rms":
+        return rms_norm(x, params, epsilon)
+    return layer_norm(x, params, epsilon)
+
+
 def multi_head_attention(
     params, query, key=None, value=None, num_heads=1, mask=None,
-    is_causal=False,
+    is_causal=False, num_key_value_heads=None, rope_max_wavelength=None,
+    rope_scaling_factor=1.0, rope_interleaved=False, sliding_window=None,
+    logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6,
 ):
-    """Multi-head attention, paper Section 3.2.2.
+    """Multi-head attention, paper Section 3.2.2, with today's options.
 
-    params: dicts `query`, `key`, `value`, `output` (dense layers). Head h owns
-    columns `[h * d, (h + 1) * d)` of the projections. `mask` broadcasts to
-    `(B, T, S)` or `(B, H, T, S)`. Returns `(B, T, out)` and `(B, H, T, S)`.
+    params: dicts `query`, `key`, `value`, `output` (dense layers), and
+    `query_norm`, `key_norm` with `qk_norm`. Head h owns columns
+    `[h * d, (h + 1) * d)` of the projections; with H_kv =
+    `num_key_value_heads` < H, query head n uses key/value head
+    n // (H / H_kv). qk-norm, then RoPE, apply to each head's queries and
+    keys; positions are absolute, query i at `i + (S - T)`, key j at j.
+    `mask` broadcasts to `(B, T, S)` or `(B, H, T, S)`. Returns
+    `(B, T, out)` and the weights `(B, H, T, S)`.
     """
+    key = value if key is None else key
     key = query if key is None else key
     value = key if value is None else value
+    kv_heads = num_key_value_heads or num_heads
     q = _split_heads(dense(query, params["query"]), num_heads)  # (B, H, T, d_k)
-    k = _split_heads(dense(key, params["key"]), num_heads)  # (B, H, S, d_k)
-    v = _split_heads(dense(value, params["value"]), num_heads)  # (B, H, S, d_v)
+    k = _split_heads(dense(key, params["key"]), kv_heads)  # (B, H_kv, S, d_k)
+    v = _split_heads(dense(value, params["value"]), kv_heads)  # (B, H_kv, S, d_v)
+    if qk_norm is not None:
+        q = _head_norm(q, params["query_norm"], qk_norm, qk_norm_epsilon)
+        k = _head_norm(k, params["key_norm"], qk_norm, qk_norm_epsilon)
+    if rope_max_wavelength is not None:
+        T, S = q.shape[2], k.shape[2]
+        rope = dict(max_wavelength=rope_max_wavelength, scaling_factor=rope_scaling_factor,
+                    interleaved=rope_interleaved)
+        q = rotary_embedding(q, np.arange(T) + (S - T), **rope)
+        k = rotary_embedding(k, np.arange(S), **rope)
     if mask is not None:
         mask = np.asarray(mask, bool)
         if mask.ndim == 3:
             mask = mask[:, None]  # (B, 1, T, S)
     out, weights = scaled_dot_product_attention(
-        q, k, v, mask=mask, is_causal=is_causal
+        q, k, v, mask=mask, is_causal=is_causal, sliding_window=sliding_window,
+        logit_soft_cap=logit_soft_cap,
     )
     B, H, T, d_v = out.shape
     out = out.transpose(0, 2, 1, 3).reshape(B, T, H * d_v)  # (B, T, H * d_v)
@@ -210,8 +236,15 @@ def multi_head_attention(
 
 
 def feed_forward(params, x, activation_name="relu"):
-    """Paper Eq. 2: W2 act(W1 x + b1) + b2 (no activation after W2)."""
-    hidden = activation(activation_name, dense(x, params["intermediate"]))
+    """Paper Eq. 2: W2 act(W1 x + b1) + b2 (no activation after W2).
+
+    With a `gate` entry, the gated form W_down(act(W_gate x) * W_up x).
+    """
+    if "gate" in params:
+        hidden = activation(activation_name, dense(x, params["gate"])) * dense(
+            x, params["intermediate"])
+    else:
+        hidden = activation(activation_name, dense(x, params["intermediate"]))
     return dense(hidden, params["output"])
 
 
@@ -227,22 +260,32 @@ def _attention_mask(padding_mask, attention_mask, query_length):
     return mask
 
 
+def _norm(x, params, epsilon):
+    """LayerNorm (`gamma`, `beta`) or RMSNorm (`scale`), by the parameters given."""
+    if "scale" in params:
+        return rms_norm(x, params, epsilon)
+    return layer_norm(x, params, epsilon)
+
+
 def _sublayer(x, fn, norm_params, epsilon, normalize_first):
-    """Residual around `fn`, post-LN (paper) or pre-LN."""
+    """Residual around `fn`, post-norm (paper) or pre-norm."""
     if normalize_first:
-        return x + fn(layer_norm(x, norm_params, epsilon))
-    return layer_norm(x + fn(x), norm_params, epsilon)
+        return x + fn(_norm(x, norm_params, epsilon))
+    return _norm(x + fn(x), norm_params, epsilon)
 
 
 def encoder_layer(
     params, x, num_heads, padding_mask=None, attention_mask=None,
     is_causal=False, normalize_first=False, epsilon=1e-5,
-    activation_name="relu",
+    activation_name="relu", attention_options=None,
 ):
-    """Encoder layer: self-attention then FFN, each residual + LayerNorm.
+    """Encoder layer: self-attention then FFN, each residual + norm.
 
     params: `self_attention`, `self_attention_norm`, `feed_forward`,
-    `feed_forward_norm`. Dropout is off (inference).
+    `feed_forward_norm` (a norm is LayerNorm `gamma`/`beta` or RMSNorm
+    `scale`; a gated FFN has a `gate`). `attention_options` go to the
+    self-attention (`num_key_value_heads`, RoPE, `sliding_window`, ...).
+    Dropout is off (inference).
     """
     x = np.asarray(x, np.float64)
     mask = _attention_mask(padding_mask, attention_mask, x.shape[1])
@@ -250,7 +293,7 @@ def encoder_layer(
     def attend(h):
         return multi_head_attention(
             params["self_attention"], h, num_heads=num_heads, mask=mask,
-            is_causal=is_causal,
+            is_causal=is_causal, **(attention_options or {}),
         )[0]
 
     x = _sublayer(x, attend, params["self_attention_norm"], epsilon,
@@ -264,12 +307,13 @@ def decoder_layer(
     params, x, num_heads, memory=None, padding_mask=None,
     memory_padding_mask=None, attention_mask=None, memory_attention_mask=None,
     is_causal=True, normalize_first=False, epsilon=1e-5,
-    activation_name="relu",
+    activation_name="relu", attention_options=None,
 ):
     """Decoder layer: causal self-attention, cross-attention, FFN.
 
     params as for the encoder, plus `cross_attention` and
-    `cross_attention_norm` when `memory` is given.
+    `cross_attention_norm` when `memory` is given. `attention_options` go to
+    the self-attention only; cross-attention stays plain multi-head.
     """
     x = np.asarray(x, np.float64)
     T = x.shape[1]
@@ -278,7 +322,7 @@ def decoder_layer(
     def attend(h):
         return multi_head_attention(
             params["self_attention"], h, num_heads=num_heads, mask=self_mask,
-            is_causal=is_causal,
+            is_causal=is_causal, **(attention_options or {}),
         )[0]
 
     x = _sublayer(x, attend, params["self_attention_norm"], epsilon,

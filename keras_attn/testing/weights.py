@@ -20,18 +20,29 @@ def named_variables(layer, prefix=""):
         raise TypeError(f"no weight layout for layer type {kind}")
     out = {}
     for part in LAYOUT[kind].get("dense", ()):
-        dense = getattr(layer, part + "_dense")
+        dense = getattr(layer, part + "_dense", None)
+        if dense is None:  # e.g. no gate in a plain feed-forward
+            continue
         out[f"{prefix}{part}/kernel"] = dense.kernel
         if dense.bias is not None:
             out[f"{prefix}{part}/bias"] = dense.bias
+    for part in LAYOUT[kind].get("norms", ()):
+        out.update(_norm_variables(getattr(layer, part, None), f"{prefix}{part}/"))
     for part in LAYOUT[kind].get("blocks", ()):
         if getattr(layer, part, None) is None:  # a decoder built without memory
             continue
         out.update(named_variables(getattr(layer, part), f"{prefix}{part}/"))
-        norm = getattr(layer, part + "_norm")
-        out[f"{prefix}{part}_norm/gamma"] = norm.gamma
-        out[f"{prefix}{part}_norm/beta"] = norm.beta
+        out.update(_norm_variables(getattr(layer, part + "_norm"), f"{prefix}{part}_norm/"))
     return out
+
+
+def _norm_variables(norm, prefix):
+    """LayerNormalization's `gamma`/`beta` or RMSNormalization's `scale` (none if absent)."""
+    if norm is None:
+        return {}
+    names = ("scale",) if hasattr(norm, "scale") and not hasattr(norm, "gamma") else ("gamma", "beta")
+    return {prefix + name: getattr(norm, name) for name in names
+            if getattr(norm, name, None) is not None}
 
 
 def reference_params(layer):
@@ -58,6 +69,6 @@ def randomize_weights(layer, seed=0, scale=0.5):
             continue  # e.g. a dropout seed generator's state
         shape = tuple(variable.shape)
         value = rng.normal(0.0, scale, size=shape)
-        if variable.path.endswith("gamma"):
+        if variable.path.endswith(("gamma", "scale")):
             value = 1.0 + value
         variable.assign(value.astype(keras.backend.standardize_dtype(variable.dtype)))
