@@ -120,7 +120,49 @@ CASES = (
          "TransformerDecoderLayer: decoder-only block (no memory), causal",
          {"num_heads": 2, "intermediate_dim": 16},
          {"inputs": (B, T, D)}),
+    # Modern attention: grouped heads, RoPE, windows, soft-cap, qk-norm, gated FFN.
+    Case("sdpa_gqa_window", "sdpa",
+         "functional core: 4 query heads over 2 key/value heads, causal window W=2, T=4, S=5",
+         {"is_causal": True, "sliding_window": 2},
+         {"query": (B, 4, T, 3), "key": (B, 2, S, 3), "value": (B, 2, S, 4)}),
+    Case("sdpa_mqa_soft_cap_two_sided", "sdpa",
+         "functional core: one key/value head, two-sided window W=3, soft-cap 1.5, bias",
+         {"sliding_window": 3, "logit_soft_cap": 1.5},
+         {"query": (B, 2, T, 3), "key": (B, 1, S, 3), "value": (B, 1, S, 2),
+          "bias": (B, 2, T, S)}),
+    Case("mha_gqa_rope", "mha",
+         "MultiHeadAttention: 4 heads over 2 key/value heads, RoPE (half-split), causal",
+         {"num_heads": 4, "key_dim": 2, "num_key_value_heads": 2, "rope_max_wavelength": 100.0},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    Case("mha_mqa_rope_interleaved_qk_rms", "mha",
+         "MultiHeadAttention: multi-query, RoPE interleaved with scaling 2, qk-norm rms, causal",
+         {"num_heads": 2, "key_dim": 4, "num_key_value_heads": 1, "rope_max_wavelength": 50.0,
+          "rope_interleaved": True, "rope_scaling_factor": 2.0, "qk_norm": "rms"},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    Case("mha_window_qk_layer_soft_cap", "mha",
+         "MultiHeadAttention: two-sided window W=2, qk-norm layer, soft-cap 2, cross-attention",
+         {"num_heads": 2, "key_dim": 4, "sliding_window": 2, "qk_norm": "layer",
+          "logit_soft_cap": 2.0},
+         {"query": (B, T, D), "key": (B, S, 6)}),
+    Case("ffn_swiglu", "ffn", "PositionwiseFeedForward: gated (SwiGLU), no biases",
+         {"intermediate_dim": 12, "activation": "silu", "gated": True, "use_bias": False},
+         {"inputs": (B, T, D)}),
+    Case("decoder_llama_block", "decoder",
+         "TransformerDecoderLayer: Llama-style (pre-RMSNorm, GQA + RoPE, SwiGLU, no biases)",
+         {"num_heads": 4, "intermediate_dim": 12, "num_key_value_heads": 2,
+          "rope_max_wavelength": 10000.0, "normalization": "rms", "normalize_first": True,
+          "use_bias": False, "gated_feed_forward": True, "activation": "silu",
+          "layer_norm_epsilon": 1e-6},
+         {"inputs": (B, T, D)}),
 )
+
+# Constructor arguments that configure the attention itself (the reference takes them too).
+ATTENTION_OPTIONS = ("num_key_value_heads", "rope_max_wavelength", "rope_scaling_factor",
+                     "rope_interleaved", "sliding_window", "logit_soft_cap", "qk_norm")
+
+
+def _attention_options(config):
+    return {n: config[n] for n in ATTENTION_OPTIONS if n in config}
 
 
 def get_cases(names=None):
@@ -147,15 +189,19 @@ def _dense(prefix, n_in, n_out, bias=True):
 
 
 def _mha(prefix, q_dim, k_dim, v_dim, heads, key_dim, value_dim=None, output_dim=None,
-         bias=True):
+         bias=True, kv_heads=None, qk_norm=None):
     value_dim = value_dim or key_dim
     output_dim = output_dim or q_dim
+    kv_heads = kv_heads or heads
     p = prefix + "/" if prefix else ""
-    sizes = {"query": (q_dim, heads * key_dim), "key": (k_dim, heads * key_dim),
-             "value": (v_dim, heads * value_dim), "output": (heads * value_dim, output_dim)}
+    sizes = {"query": (q_dim, heads * key_dim), "key": (k_dim, kv_heads * key_dim),
+             "value": (v_dim, kv_heads * value_dim), "output": (heads * value_dim, output_dim)}
     shapes = {}
     for part in LAYOUT["MultiHeadAttention"]["dense"]:
         shapes.update(_dense(p + part, *sizes[part], bias))
+    if qk_norm is not None:
+        for part in LAYOUT["MultiHeadAttention"]["norms"]:
+            shapes.update(_norm(p + part, key_dim, qk_norm))
     return shapes
 
 
@@ -171,7 +217,9 @@ def _ffn(prefix, dim, inter, output_dim=None, bias=True, gated=False):
     return shapes
 
 
-def _norm(prefix, dim):
+def _norm(prefix, dim, kind="layer"):
+    if kind == "rms":
+        return {f"{prefix}/scale": (dim,)}
     return {f"{prefix}/gamma": (dim,), f"{prefix}/beta": (dim,)}
 
 
@@ -180,25 +228,30 @@ def weight_shapes(case):
     c, s = case.config, case.shapes
     if case.kind == "sdpa":
         return {}
+    bias = c.get("use_bias", True)
     if case.kind == "mha":
         q = s["query"][-1]
         k = s.get("key", s["query"])[-1]
         v = s.get("value", s.get("key", s["query"]))[-1]
         return _mha("", q, k, v, c["num_heads"], c["key_dim"], c.get("value_dim"),
-                    c.get("output_dim"), c.get("use_bias", True))
+                    c.get("output_dim"), bias, c.get("num_key_value_heads"), c.get("qk_norm"))
     if case.kind == "ffn":
-        return _ffn("", s["inputs"][-1], c["intermediate_dim"], c.get("output_dim"),
-                    c.get("use_bias", True))
+        return _ffn("", s["inputs"][-1], c["intermediate_dim"], c.get("output_dim"), bias,
+                    c.get("gated", False))
     d = s["inputs"][-1]
     head = c.get("key_dim") or d // c["num_heads"]
-    shapes = {**_mha("self_attention", d, d, d, c["num_heads"], head, output_dim=d),
-              **_norm("self_attention_norm", d)}
+    norm = c.get("normalization", "layer")
+    shapes = {**_mha("self_attention", d, d, d, c["num_heads"], head, output_dim=d, bias=bias,
+                     kv_heads=c.get("num_key_value_heads"), qk_norm=c.get("qk_norm")),
+              **_norm("self_attention_norm", d, norm)}
     if "memory" in s:
         m = s["memory"][-1]
-        shapes.update(_mha("cross_attention", d, m, m, c["num_heads"], head, output_dim=d))
-        shapes.update(_norm("cross_attention_norm", d))
-    shapes.update(_ffn("feed_forward", d, c["intermediate_dim"]))
-    shapes.update(_norm("feed_forward_norm", d))
+        shapes.update(_mha("cross_attention", d, m, m, c["num_heads"], head, output_dim=d,
+                           bias=bias))
+        shapes.update(_norm("cross_attention_norm", d, norm))
+    shapes.update(_ffn("feed_forward", d, c["intermediate_dim"], bias=bias,
+                       gated=c.get("gated_feed_forward", False)))
+    shapes.update(_norm("feed_forward_norm", d, norm))
     return shapes
 
 
@@ -210,7 +263,7 @@ def case_arrays(case, seed=SEED):
     weights = {}
     for name, shape in weight_shapes(case).items():
         value = g.normal(0.0, WEIGHT_SCALE, size=shape)
-        if name.endswith("gamma"):
+        if name.endswith(("gamma", "scale")):
             value = 1.0 + value
         weights[name] = value.astype("float32")
     return inputs, masks, weights
@@ -249,19 +302,21 @@ def reference_forward(case, inputs, masks, weights):
         return reference.scaled_dot_product_attention(
             inputs["query"], inputs["key"], inputs["value"], mask=masks.get("mask"),
             bias=inputs.get("bias"), is_causal=c.get("is_causal", False),
-            scale=c.get("scale"))[0]
+            scale=c.get("scale"), sliding_window=c.get("sliding_window"),
+            logit_soft_cap=c.get("logit_soft_cap"))[0]
     if case.kind == "mha":
         return reference.multi_head_attention(
             params, inputs["query"], inputs.get("key"), inputs.get("value"),
             num_heads=c["num_heads"], mask=masks.get("attention_mask"),
-            is_causal=call.get("use_causal_mask", False))[0]
+            is_causal=call.get("use_causal_mask", False), **_attention_options(c))[0]
     if case.kind == "ffn":
         return reference.feed_forward(params, inputs["inputs"], c.get("activation", "relu"))
     common = dict(num_heads=c["num_heads"], padding_mask=masks.get("padding_mask"),
                   attention_mask=masks.get("attention_mask"),
                   normalize_first=c.get("normalize_first", False),
                   epsilon=c.get("layer_norm_epsilon", 1e-5),
-                  activation_name=c.get("activation", "relu"))
+                  activation_name=c.get("activation", "relu"),
+                  attention_options=_attention_options(c))
     if case.kind == "encoder":
         return reference.encoder_layer(params, inputs["inputs"],
                                        is_causal=call.get("use_causal_mask", False), **common)
