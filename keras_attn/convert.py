@@ -200,7 +200,9 @@ def multi_head_attention_from_keras(layer, **kwargs):
         layer: a built `keras.layers.MultiHeadAttention` for rank-3 inputs
             (query `(B, T, D_q)`, key `(B, S, D_k)`, value `(B, S, D_v)`)
             with the default `attention_axes`, a single-axis `output_shape`
-            (or none), no `use_gate`, no `sliding_window`, and not quantized.
+            (or none), no `use_gate`, and not quantized. A `sliding_window`
+            comes along (the same band when T == S; with T != S keras_attn
+            aligns it bottom-right, as its causal mask).
             Its regularizers, constraints and activity regularizer come along.
         **kwargs: further arguments of `keras_attn.MultiHeadAttention`
             (`name`, `implementation`, `dtype`, `dropout`, `seed`, ...).
@@ -230,8 +232,6 @@ def multi_head_attention_from_keras(layer, **kwargs):
     problems = []
     if getattr(layer, "_use_gate", False):
         problems.append("use_gate=True")
-    if getattr(layer, "_sliding_window", None) is not None:
-        problems.append(f"sliding_window={layer._sliding_window}")
     output_shape = getattr(layer, "_output_shape", None)
     if output_shape and len(output_shape) != 1:
         problems.append(f"output_shape={output_shape} (only one output axis is supported)")
@@ -277,6 +277,7 @@ def multi_head_attention_from_keras(layer, **kwargs):
         "kernel_constraint": layer._kernel_constraint,
         "bias_constraint": layer._bias_constraint,
         "activity_regularizer": layer.activity_regularizer,
+        "sliding_window": getattr(layer, "_sliding_window", None),
     }
     options.update(kwargs)
     new = MultiHeadAttention(

@@ -90,6 +90,19 @@ def test_attention_scores_match_keras():
     assert_close(scores, to_numpy(ref_scores), what="scores")
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_keras_sliding_window_comes_along(causal):
+    g = rng(5)
+    source = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, sliding_window=2)
+    x, y = randn(g, B, T, D), randn(g, B, T, D)
+    source(x, y)
+    _randomize(source, seed=5)
+    ours = convert.multi_head_attention_from_keras(source)
+    assert ours.sliding_window == 2
+    assert_close(ours(x, y, use_causal_mask=causal),
+                 to_numpy(source(x, y, use_causal_mask=causal)))
+
+
 def test_keyword_value_is_the_source_not_the_query():
     """`mha(query=x, value=z)` attends over z (not over x) and accepts S != T."""
     g = rng(1)
