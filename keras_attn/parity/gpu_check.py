@@ -50,6 +50,9 @@ RESERVE = {"tests": 60, "parity-gpu": 30, "parity-cpu": 45, "compare": 10, "benc
 MIN_START = 15
 CHECK_TIMEOUT = 120
 NO_GPU_EXIT = 2
+# Several JAX/TensorFlow processes may hold the GPU at once (the parallel checks, the
+# suite's own subprocesses): no up-front grab of most of its memory.
+SHARE_GPU = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
 
 
 def _progress(start, text):
@@ -236,7 +239,7 @@ def _check_gpus(backends, root, timeout):
             continue
         running[backend] = subprocess.Popen(
             [sys.executable, "-m", "keras_attn.parity.worker", "--check-gpu"],
-            env=_env(backend), cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=_env(backend, SHARE_GPU), cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, start_new_session=True)
     for backend, process in running.items():
         try:
@@ -262,8 +265,7 @@ def _plan(backend, out, root, args):
     py = sys.executable
     parity = [py, "-m", "keras_attn", "parity", "--backends", backend, "--dtypes", DTYPES]
     gpu_json, cpu_json = out / f"parity-gpu-{backend}.json", out / f"parity-cpu-{backend}.json"
-    # Several JAX/TensorFlow processes may share the GPU in the tests: no preallocation.
-    share = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    share = SHARE_GPU
     steps = []
     if not args.skip_tests:
         steps.append(("tests", [py, "-m", "pytest", "tests", "-x", "-q", "-p", "no:cacheprovider"],
@@ -377,7 +379,7 @@ def main(argv=None):
             continue
         remaining = left()
         if remaining < MIN_START:
-            row.update(status="skipped", figures=f"budget spent ({remaining:.0f}s left)")
+            row.update(status="skipped", figures=f"budget spent ({max(0, remaining):.0f}s left)")
             _progress(start, f"{backend} {step}: skipped, budget spent")
             continue
         reserve = sum(RESERVE[s] for _, (s, *_rest) in plans[index + 1:])
