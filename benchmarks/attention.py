@@ -33,6 +33,13 @@ step counts 3x the forward FLOPs).
 
 Configurations whose materialised `T x S` scores would need more than
 `--mem-limit-gib` are skipped and reported as such.
+
+TF32 (GPUs only): with `KERAS_ATTN_ALLOW_TF32=1` every worker lets float32
+matmuls use TF32 (`keras_attn._device.allow_tf32`), with `=0` it turns TF32
+off (`disable_tf32`, as the tests and the parity workers always do); unset,
+each backend's default applies (TensorFlow, and JAX's default precision on
+Ampere and later GPUs, use TF32; PyTorch's matmuls do not). Keras's flash
+attention setting is left at its default (enabled where the kernel applies).
 """
 
 import argparse
@@ -208,8 +215,18 @@ def _model_worker(contender, mode, B, T, D, H, repeats, budget_s):
             "rss_base_gib": rss_base, "rss_peak_gib": _rss_gib()}
 
 
+def _tf32_setting():
+    """KERAS_ATTN_ALLOW_TF32 as a word: 1 "allowed", 0 "off", unset "default"."""
+    return {"1": "allowed", "0": "off"}.get(os.environ.get("KERAS_ATTN_ALLOW_TF32", ""),
+                                          "default")
+
+
 def worker(spec):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if _tf32_setting() != "default":
+        from keras_attn import _device
+
+        (_device.allow_tf32 if _tf32_setting() == "allowed" else _device.disable_tf32)()
     if spec["kind"] == "gemm":
         result = _gemm_worker(spec["repeats"])
     elif spec["kind"] == "interleaved":
@@ -293,7 +310,8 @@ def main(argv=None):
     contenders = [c for c in args.contenders.split(",") if c]
     info = _device.describe()
     print(f"# backend {backend} {info['backend_version']}, keras {info['keras']}, "
-          f"{info['device']}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
+          f"{info['device']}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
+          f"TF32 {_tf32_setting()}", flush=True)
 
     gemm = _spawn({"kind": "gemm", "repeats": repeats}, args.timeout_s)
     gflops = gemm.get("gemm_gflops")
@@ -338,8 +356,8 @@ def main(argv=None):
     print(table(rows, gflops, backend))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": backend, "info": info, "gemm_gflops": gflops, "rows": rows},
-                      f, indent=1)
+            json.dump({"backend": backend, "info": info, "tf32": _tf32_setting(),
+                       "gemm_gflops": gflops, "rows": rows}, f, indent=1)
 
 
 def table(rows, gflops, backend):
