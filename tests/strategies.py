@@ -67,6 +67,19 @@ class Problem:
     implementation: str
     input_scale: float = 1.0
     integer_inputs: bool = False  # exact (integer) q and k, for huge logits
+    kv_group: int = 1  # G: key/value have lead[-1] // G heads (grouped-query attention)
+    window: int | None = None  # sliding window W
+    soft_cap: float | None = None  # logit soft-cap c
+
+    @property
+    def kv_lead(self):
+        """The leading dims of key and value: the heads axis (lead[-1]) divided by G."""
+        return self.lead[:-1] + (self.lead[-1] // self.kv_group,)
+
+    @property
+    def options(self):
+        """The modern keyword arguments of `scaled_dot_product_attention` and the reference."""
+        return {"sliding_window": self.window, "logit_soft_cap": self.soft_cap}
 
 
 def round_to(x, dtype):
@@ -91,8 +104,12 @@ def broadcast_shapes(draw, full):
 
 @st.composite
 def problems(draw, *, paths=PATHS, dtypes=DTYPES, T=(1, MAX_LEN), S=(1, MAX_LEN), masks=True,
-             biases=True, causal=None, max_lead=3, max_dim=6):
-    """An attention problem; see `Problem` and `build`."""
+             biases=True, causal=None, max_lead=3, max_dim=6, modern=False):
+    """An attention problem; see `Problem` and `build`.
+
+    `modern=True` also draws grouped key/value heads, a sliding window and a
+    soft-cap (paths that cannot soft-cap, the fused one, get none).
+    """
     if SMALL_VARIETY:
         lead = draw(st.sampled_from(CI_LEADS))
     else:
@@ -116,6 +133,14 @@ def problems(draw, *, paths=PATHS, dtypes=DTYPES, T=(1, MAX_LEN), S=(1, MAX_LEN)
     bias_scale = draw(st.sampled_from([1.0, 0.1, 5.0]))
     bias_neg_inf = draw(st.sampled_from([0.0, 0.0, 0.2, 1.0]))
     bias_dead_row = draw(st.booleans())
+    implementation = draw(st.sampled_from(paths))
+    kv_group, window, soft_cap = 1, None, None
+    if modern:
+        heads = lead[-1]
+        kv_group = draw(st.sampled_from([g for g in range(1, heads + 1) if heads % g == 0]))
+        window = draw(st.none() | st.sampled_from([1, 2, 3, 5, 30]))
+        if implementation != "fused":
+            soft_cap = draw(st.none() | st.sampled_from([0.5, 2.0, 50.0]))
 
     return Problem(
         seed=draw(st.integers(0, 2**32 - 1)),
@@ -127,7 +152,8 @@ def problems(draw, *, paths=PATHS, dtypes=DTYPES, T=(1, MAX_LEN), S=(1, MAX_LEN)
         bias_dead_row=bias_dead_row,
         is_causal=draw(st.booleans()) if causal is None else causal,
         scale=draw(st.none() | st.sampled_from([0.05, 0.5, 1.0, 2.5])),
-        implementation=draw(st.sampled_from(paths)),
+        implementation=implementation,
+        kv_group=kv_group, window=window, soft_cap=soft_cap,
     )
 
 
@@ -156,11 +182,11 @@ def build(p):
     rng = np.random.default_rng(p.seed)
     if p.integer_inputs:
         q = rng.integers(-200, 201, p.lead + (p.T, p.d_k)).astype(np.float32)
-        k = rng.integers(-200, 201, p.lead + (p.S, p.d_k)).astype(np.float32)
+        k = rng.integers(-200, 201, p.kv_lead + (p.S, p.d_k)).astype(np.float32)
     else:
         q = rng.standard_normal(p.lead + (p.T, p.d_k)).astype(np.float32) * p.input_scale
-        k = rng.standard_normal(p.lead + (p.S, p.d_k)).astype(np.float32) * p.input_scale
-    v = rng.standard_normal(p.lead + (p.S, p.d_v)).astype(np.float32)
+        k = rng.standard_normal(p.kv_lead + (p.S, p.d_k)).astype(np.float32) * p.input_scale
+    v = rng.standard_normal(p.kv_lead + (p.S, p.d_v)).astype(np.float32)
     q, k, v = (round_to(x, p.dtype) for x in (q, k, v))
 
     mask = None

@@ -8,6 +8,7 @@ Hypothesis profile (`ci` by default, `--hypothesis-profile=thorough`); see
 tests/conftest.py. Tolerances come from keras_attn.testing.tolerances only.
 """
 
+import dataclasses
 import os
 import tempfile
 
@@ -61,7 +62,7 @@ def attend(p, q, k, v, mask, bias, path=None, is_causal=None):
     out = sdpa(to_backend(q, p.dtype), to_backend(k, p.dtype), to_backend(v, p.dtype),
                mask=mask, bias=to_backend(bias, p.dtype),
                is_causal=p.is_causal if is_causal is None else is_causal, scale=p.scale,
-               implementation=path or p.implementation)
+               implementation=path or p.implementation, **p.options)
     assert keras.backend.standardize_dtype(out.dtype) == p.dtype
     return np.asarray(to_numpy(ops.cast(out, "float32")), np.float64)
 
@@ -70,7 +71,7 @@ def expected(p, q, k, v, mask, bias):
     """The float64 reference; integer masks mean nonzero = may attend."""
     mask = None if mask is None else np.asarray(mask) != 0
     out, _ = reference.scaled_dot_product_attention(
-        q, k, v, mask=mask, bias=bias, is_causal=p.is_causal, scale=p.scale)
+        q, k, v, mask=mask, bias=bias, is_causal=p.is_causal, scale=p.scale, **p.options)
     return out
 
 
@@ -84,7 +85,7 @@ def close(actual, wanted, dtype, what):
 
 
 @examples(1.0)
-@given(problems(paths=PATHS + ("auto",)))
+@given(problems(paths=PATHS + ("auto",), modern=True))
 def test_every_path_matches_the_reference(p):
     q, k, v, mask, bias = build(p)
     out = attend(p, q, k, v, mask, bias)
@@ -236,7 +237,8 @@ def _gradients(p, q, k, v, mask, bias, path):
 
     def loss(*xs):
         out = sdpa(xs[0], xs[1], xs[2], mask=mask, bias=xs[3] if bias is not None else None,
-                   is_causal=p.is_causal, scale=p.scale, implementation=path)
+                   is_causal=p.is_causal, scale=p.scale, implementation=path,
+                   **(p.options if path != "fused" else dict(p.options, logit_soft_cap=None)))
         return ops.sum(ops.cast(out, "float32") * ops.convert_to_tensor(probe.astype(np.float32)))
 
     value, grads = _device.value_and_grad(loss, args)
@@ -249,12 +251,12 @@ NAMES = ("query", "key", "value", "bias")
 
 @pytest.mark.requires_trainable_backend
 @examples(0.2)
-@given(problems(dtypes=("float32", "float16"), paths=("explicit",)))
+@given(problems(dtypes=("float32", "float16"), paths=("explicit",), modern=True))
 def test_gradients_are_finite_and_agree_across_paths(p):
     q, k, v, mask, bias = build(p)
     base = _gradients(p, q, k, v, mask, bias, "explicit")
     tol = tolerance(p.dtype, "gradient")
-    for path in PATHS:
+    for path in PATHS if p.soft_cap is None else ("explicit", "blockwise"):
         grads = base if path == "explicit" else _gradients(p, q, k, v, mask, bias, path)
         for name, g, g0 in zip(NAMES, grads, base):
             assert np.isfinite(g).all(), f"{path}: non-finite gradient of {name}"
@@ -380,3 +382,38 @@ def test_transformer_layers_output_has_the_declared_shape(case):
 def test_transformer_layers_survive_config_and_keras_round_trips(case):
     kind, num_heads, kwargs, shapes, seed = case
     _round_trips(*_built(_make_transformer(kind, num_heads, kwargs), shapes, seed))
+
+
+# ----------------------------------------------------------------------------
+# Grouped heads, windows and soft-caps: metamorphic properties.
+
+
+@examples(1.0)
+@given(problems(paths=PATHS, dtypes=("float32",), modern=True))
+def test_grouped_heads_equal_explicitly_repeated_keys(p):
+    """GQA equals attention over keys/values repeated G times (and H_kv = H is plain MHA)."""
+    q, k, v, mask, bias = build(p)
+    grouped = attend(p, q, k, v, mask, bias)
+    repeated = attend(p, q, np.repeat(k, p.kv_group, axis=-3), np.repeat(v, p.kv_group, axis=-3),
+                      mask, bias)
+    close(grouped, repeated, p.dtype, f"{p.implementation}: grouped vs repeated")
+
+
+@examples(1.0)
+@given(problems(paths=PATHS, dtypes=("float32",), modern=True))
+def test_a_window_wider_than_the_sequences_is_no_window(p):
+    q, k, v, mask, bias = build(p)
+    wide = dataclasses.replace(p, window=p.T + p.S + 1)
+    none = dataclasses.replace(p, window=None)
+    close(attend(wide, q, k, v, mask, bias), attend(none, q, k, v, mask, bias), p.dtype,
+          f"{p.implementation}: W >= T + S vs no window")
+
+
+@examples(1.0)
+@given(problems(paths=("explicit", "blockwise"), dtypes=("float32",), modern=True))
+def test_a_huge_soft_cap_is_no_cap(p):
+    q, k, v, mask, bias = build(p)
+    huge = dataclasses.replace(p, soft_cap=1e6)
+    none = dataclasses.replace(p, soft_cap=None)
+    close(attend(huge, q, k, v, mask, bias), attend(none, q, k, v, mask, bias), p.dtype,
+          f"{p.implementation}: c = 1e6 vs no cap")
