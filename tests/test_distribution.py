@@ -75,11 +75,13 @@ _COLUMN = {"kernel": (None, "model"), "bias": ("model",)}
 _ROW = {"kernel": ("model", None), "bias": (None,)}
 
 
-def _expected_spec(path, strategy):
+def _expected_spec(path, strategy, kv_replicated=False):
     """The tensor-parallel plan of the README, written out per weight name."""
     sublayer, weight = path.split("/")[-2:]
     ndim = 2 if weight == "kernel" else 1
     if strategy == "data" or sublayer.endswith("_norm"):
+        return (None,) * ndim
+    if kv_replicated and sublayer in ("key_dense", "value_dense"):
         return (None,) * ndim
     if sublayer in ("query_dense", "key_dense", "value_dense", "intermediate_dense"):
         return _COLUMN[weight]
@@ -95,6 +97,12 @@ def _case(name):
     if name == "mha":
         return (lambda: keras_attn.MultiHeadAttention(H, D // H, name="mha"), [x, memory],
                 lambda layer, q, kv: layer(q, kv, use_causal_mask=True))
+    if name in ("mha_gqa_rope", "mha_mqa"):  # H_kv = 2 or 1 does not divide the model axis (4)
+        kv_heads = 2 if name == "mha_gqa_rope" else 1
+        rope = 10000.0 if name == "mha_gqa_rope" else None
+        return (lambda: keras_attn.MultiHeadAttention(
+            H, D // H, num_key_value_heads=kv_heads, rope_max_wavelength=rope, name=name),
+            [x, memory], lambda layer, q, kv: layer(q, kv, use_causal_mask=True))
     if name == "ffn":
         return (lambda: keras_attn.PositionwiseFeedForward(F, activation="gelu", name="ffn"),
                 [x], lambda layer, a: layer(a))
@@ -116,7 +124,7 @@ def _loss_fn(layer, call, cotangent):
 
 @needs_8
 @pytest.mark.parametrize("strategy", ["data", "model"])
-@pytest.mark.parametrize("name", ["mha", "ffn", "encoder", "decoder"])
+@pytest.mark.parametrize("name", ["mha", "mha_gqa_rope", "mha_mqa", "ffn", "encoder", "decoder"])
 def test_sharded_layer_matches_single_device(name, strategy):
     make, inputs, call = _case(name)
     keras.utils.set_random_seed(0)
@@ -134,7 +142,9 @@ def test_sharded_layer_matches_single_device(name, strategy):
         call(layer, *sharded_inputs)  # build
         layer.set_weights(single.get_weights())
         specs = {w.path: _spec(w) for w in layer.weights}
-        assert specs == {w.path: _expected_spec(w.path, strategy) for w in layer.weights}
+        replicated = name in ("mha_gqa_rope", "mha_mqa")
+        assert specs == {w.path: _expected_spec(w.path, strategy, replicated)
+                         for w in layer.weights}
         assert tuple(sharded_inputs[0].sharding.spec)[0] == "batch"
         actual = call(layer, *sharded_inputs)
         loss, grads = _device.value_and_grad(
@@ -146,22 +156,13 @@ def test_sharded_layer_matches_single_device(name, strategy):
         _record(name, strategy, "gradient", g, g_single)
 
 
-class _GroupedQueryStandIn(keras_attn.MultiHeadAttention):
-    """A layer that reports 2 key/value heads (grouped-query attention's attribute).
-
-    Its projections stay `H * d` wide: only the layout decision is under test.
-    """
-
-    num_key_value_heads = 2
-
-
 @needs_8
 @pytest.mark.parametrize("via_model", [False, True])
 def test_key_value_replicated_when_heads_do_not_divide(via_model):
     """keras-hub #1613: H_kv = 1 or 2 on a model axis of 4 must not crash."""
     mesh = _mesh()
     inputs = keras.Input((T, D))
-    h = _GroupedQueryStandIn(H, D // H, name="gqa")(inputs)
+    h = keras_attn.MultiHeadAttention(H, D // H, num_key_value_heads=2, name="gqa")(inputs)
     h = keras_attn.MultiHeadAttention(1, 6, name="mqa width 6")(h)  # H * d = 6: 6 % 4 != 0
     h = keras_attn.PositionwiseFeedForward(6, name="narrow_ffn")(h)
     outputs = keras.layers.Dense(3, name="custom head")(h)
@@ -174,7 +175,7 @@ def test_key_value_replicated_when_heads_do_not_divide(via_model):
     keras.backend.clear_session()
     with keras.distribution.ModelParallel(layout_map=get_layout_map(mesh)).scope():
         inputs = keras.Input((T, D))
-        h = _GroupedQueryStandIn(H, D // H, name="gqa")(inputs)
+        h = keras_attn.MultiHeadAttention(H, D // H, num_key_value_heads=2, name="gqa")(inputs)
         h = keras_attn.MultiHeadAttention(1, 6, name="mqa width 6")(h)
         h = keras_attn.PositionwiseFeedForward(6, name="narrow_ffn")(h)
         sharded = keras.Model(inputs, keras.layers.Dense(3, name="custom head")(h))
