@@ -22,7 +22,13 @@ import os
 import sys
 import time
 
+import keras
 import numpy as np
+
+import keras_attn
+from keras_attn import _device
+from keras_attn.parity.cases import cotangent, get_cases
+from keras_attn.testing.weights import named_variables
 
 NO_GPU_EXIT = 2
 
@@ -33,8 +39,6 @@ def _policy(dtype):
 
 def _build(case, dtype):
     """The case's layer (None for the functional core), built, weights unset."""
-    import keras_attn
-
     s, policy = case.shapes, _policy(dtype)
     if case.kind == "sdpa":
         return None
@@ -57,7 +61,6 @@ def _load_weights(layer, weights):
     """Assign the NumPy weights by name; every variable must be covered."""
     if layer is None:
         return []
-    from keras_attn.testing.weights import named_variables
 
     variables = named_variables(layer)
     if set(variables) != set(weights):
@@ -77,9 +80,7 @@ def _load_weights(layer, weights):
 
 def _forward(case, layer, dtype, inputs, masks):
     """The case's output tensor for `inputs` (a dict of tensors or arrays)."""
-    import keras
 
-    import keras_attn
 
     call = case.call
     if case.kind == "sdpa":
@@ -103,10 +104,7 @@ def _forward(case, layer, dtype, inputs, masks):
 
 def run_case(case, dtype, inputs, masks, weights, gradients):
     """{"output": ..., "grad/<name>": ...} as float32 NumPy arrays."""
-    import keras
 
-    from keras_attn import _device
-    from keras_attn.parity.cases import cotangent
 
     layer = _build(case, dtype)
     variables = _load_weights(layer, weights)
@@ -141,9 +139,7 @@ def _no_gpu_message(backend):
 
 def check_gpu():
     """`--check-gpu`: print the device, or fail (exit status 2) without a GPU."""
-    import keras
 
-    from keras_attn import _device
 
     backend = keras.backend.backend()
     if not _device.gpu_available():
@@ -162,10 +158,7 @@ def main(argv=None):
     with open(argv[0]) as f:
         request = json.load(f)
 
-    import keras
 
-    from keras_attn import _device
-    from keras_attn.parity.cases import get_cases
 
     backend = keras.backend.backend()
     if request["device"] == "gpu" and not _device.gpu_available():
