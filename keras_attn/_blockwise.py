@@ -430,7 +430,8 @@ def _dims(x, stop):
 def group_size(query, key):
     """G = H / H_kv when `key` has fewer heads (axis -3) than `query`, else 1."""
     q, k = static_shape(query), static_shape(key)
-    if len(q) < 3 or len(k) < 3 or None in (q[-3], k[-3]) or k[-3] in (1, q[-3]):
+    # One key/value head (multi-query, or a key broadcast over the heads) is a group of H.
+    if len(q) < 3 or len(k) < 3 or None in (q[-3], k[-3]) or not 1 <= k[-3] < q[-3]:
         return 1
     return q[-3] // k[-3]
 

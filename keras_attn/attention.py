@@ -121,8 +121,9 @@ def _validate(query, key, value, mask, bias, dropout_rate, sliding_window, logit
             "`key` and `value` must have the same length S. "
             f"Received: key.shape={k}, value.shape={v}"
         )
+    # Fewer key/value heads than query heads on axis -3: grouped-query attention.
     grouped = (len(q) >= 3 and len(k) >= 3 and None not in (q[-3], k[-3])
-               and k[-3] not in (1, q[-3]))
+               and 1 < k[-3] < q[-3])
     if grouped and q[-3] % k[-3] != 0:
         raise ValueError(
             "With fewer key/value heads than query heads (grouped-query attention), the "
