@@ -252,24 +252,29 @@ def _large_negative(dtype):
 
 
 @functools.cache
-def _kernel_keeps_half_precision():
-    """Whether `ops.dot_product_attention` takes float16/bfloat16 as they are.
+def _jax_on_gpu():
+    try:
+        return keras.distribution.list_devices()[0].startswith(("gpu", "cuda"))
+    except Exception:  # no device list: be safe
+        return False
 
-    PyTorch's SDPA kernels, and JAX's on a GPU (cuDNN), accumulate the
-    logits and the softmax in float32 internally. TensorFlow's and NumPy's
-    (Keras's own math) compute the softmax in the input dtype, where logits
-    beyond 65504 overflow to NaN in float16, and JAX's XLA kernel on the CPU
-    asks for a float16 x float16 -> float32 dot that the CPU compiler
-    rejects under `jit`. Those get float32 inputs instead.
+
+def _kernel_keeps_half_precision(x):
+    """Whether `ops.dot_product_attention` may take float16/bfloat16 `x` as it is.
+
+    The GPU kernels (PyTorch's flash and memory-efficient SDPA, cuDNN under
+    JAX) accumulate the logits and the softmax in float32. On the CPU,
+    PyTorch's SDPA gives wrong rows once half-precision logits pass 65504
+    (measured: float16 logits of ~1e5), TensorFlow's and NumPy's kernels
+    (Keras's own math) compute the softmax in the input dtype (NaN), and
+    JAX's XLA kernel asks for a float16 x float16 -> float32 dot that the CPU
+    compiler rejects under `jit`. Those get float32 inputs instead.
     """
     backend = keras.backend.backend()
     if backend == "torch":
-        return True
+        return "cuda" in str(getattr(x, "device", ""))
     if backend == "jax":
-        try:
-            return keras.distribution.list_devices()[0].startswith(("gpu", "cuda"))
-        except Exception:  # no device list: be safe
-            return False
+        return _jax_on_gpu()
     return False
 
 
@@ -288,15 +293,15 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
     Keys that no query may attend are zeroed (`zero_unattended_keys`). A
     sliding `window` is folded into the mask. Key/value heads fewer than the
     query's (grouped heads) are repeated to match.
-    Half precision runs the kernel in float32 where the backend's kernel
-    would not (`_kernel_keeps_half_precision`).
+    Half precision runs the kernel in float32 unless it is a GPU kernel that
+    accumulates in float32 (`_kernel_keeps_half_precision`).
 
     Returns:
         `(B, T, H, d_v)` in the dtype of `value`.
     """
     out_dtype = value.dtype
     if "float16" in keras.backend.standardize_dtype(query.dtype) and not (
-            _kernel_keeps_half_precision()):
+            _kernel_keeps_half_precision(query)):
         query, key, value = (ops.cast(x, "float32") for x in (query, key, value))
     d_k, d_v = static_shape(query)[-1], static_shape(value)[-1]
     if keras.backend.backend() == "jax" and d_k != d_v:

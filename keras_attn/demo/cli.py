@@ -132,15 +132,15 @@ def run(args):
     info = _device.describe()
     print(f"backend: {info['backend']} {info['backend_version']} (keras {info['keras']}), "
           f"device: {info['device']}")
+    if args.distribute and info["backend"] != "jax":
+        return _fail(f"--distribute needs the JAX backend: Keras implements "
+                     f"keras.distribution on JAX only (this is {info['backend']}); "
+                     "set KERAS_BACKEND=jax")
     if info["backend"] == "numpy":
         return _fail("the numpy backend cannot train; set KERAS_BACKEND to jax, torch "
                      "or tensorflow")
     distribution = None
     if args.distribute:
-        if info["backend"] != "jax":
-            return _fail(f"--distribute needs the JAX backend: Keras implements "
-                         f"keras.distribution on JAX only (this is {info['backend']}); "
-                         "set KERAS_BACKEND=jax")
         try:
             distribution, description = _distribution(args.distribute, args.batch_size)
         except ValueError as error:
