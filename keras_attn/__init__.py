@@ -12,6 +12,7 @@ from keras_attn.attention import (
     scaled_dot_product_attention,
     sliding_window_mask,
 )
+from keras_attn.cache import empty_cache
 from keras_attn.layers import (
     MultiHeadAttention,
     PositionwiseFeedForward,
@@ -32,6 +33,7 @@ __all__ = [
     "combine_masks",
     "config",
     "convert",
+    "empty_cache",
     "padding_mask",
     "rotary_embedding",
     "scaled_dot_product_attention",
