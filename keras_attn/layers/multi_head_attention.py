@@ -278,14 +278,13 @@ class MultiHeadAttention(keras.layers.Layer):
         queries end where they end (see `keras_attn.cache`); with a read-only
         cache the queries end at S_max (its keys were stored rotated).
         """
-        T, S = ops.shape(query)[1], ops.shape(key)[1]
-        start = 0
-        if cache is not None:
-            if cache_update_index is None:
-                start, S = 0, ops.shape(cache)[2]
-            else:
-                start, S = cache_update_index, cache_update_index + S
-        keys = ops.arange(ops.shape(key)[1], dtype="int32") + start
+        T = ops.shape(query)[1]
+        if cache is not None and cache_update_index is None:
+            return ops.arange(T, dtype="int32") + (ops.shape(cache)[2] - T), None
+        S = ops.shape(key)[1]
+        start = 0 if cache is None else cache_update_index
+        keys = ops.arange(S, dtype="int32") + start  # (S,) or (S_new,)
+        S = S + start  # one past the last written position
         return ops.arange(T, dtype="int32") + (S - T), keys
 
     def _rope(self, x, positions):
@@ -345,11 +344,16 @@ class MultiHeadAttention(keras.layers.Layer):
         return combine_masks(attention_mask, key_padding)
 
     def _check_inputs(self, query, value, key):
-        """Ranks, dtypes, batch and length agreement, and the built widths."""
+        """Ranks, dtypes, batch and length agreement, and the built widths.
+
+        `value` and `key` None (a read-only cache) are not checked.
+        """
         shapes = {}
         for name, x, layout in (("query", query, "(B, T, q_dim)"),
                                 ("value", value, "(B, S, v_dim)"),
                                 ("key", key, "(B, S, k_dim)")):
+            if x is None:
+                continue
             shapes[name] = check_rank(name, x, 3, layout)
             check_floating(name, x)
         batches = {n: s[0] for n, s in shapes.items() if s[0] is not None}
@@ -357,7 +361,7 @@ class MultiHeadAttention(keras.layers.Layer):
             raise ValueError(
                 "`query`, `value` and `key` must have the same batch size B. Received: "
                 + ", ".join(f"{n}.shape={shapes[n]}" for n in shapes))
-        S_key, S_value = shapes["key"][1], shapes["value"][1]
+        S_key, S_value = shapes.get("key", (0, 0))[1], shapes.get("value", (0, 0))[1]
         if None not in (S_key, S_value) and S_key != S_value:
             raise ValueError(
                 "`key` and `value` must have the same length S. "
@@ -366,6 +370,8 @@ class MultiHeadAttention(keras.layers.Layer):
         if self.built:
             for name, dense in (("query", self.query_dense), ("value", self.value_dense),
                                 ("key", self.key_dense)):
+                if name not in shapes:
+                    continue
                 width, built = shapes[name][-1], dense.kernel.shape[0]
                 if width is not None and width != built:
                     raise ValueError(
@@ -391,18 +397,24 @@ class MultiHeadAttention(keras.layers.Layer):
         cache_update_index=None,
     ):
         query_mask = query_mask if query_mask is not None else mask
-        if cache is not None and value is None and key is None:
+        read_only = cache is not None and cache_update_index is None
+        if read_only:
+            # Keys and values come from the cache alone: `key`/`value` are ignored.
+            value = key = None
+        elif cache is not None and value is None and key is None:
             # The query's Keras mask marks query rows (B, T), not cache slots (B, S_max).
             value = query
-        if value is None and key is None:  # self-attention
+        if read_only:
+            pass
+        elif value is None and key is None:  # self-attention
             value, value_mask = query, (value_mask if value_mask is not None else query_mask)
         elif value is None:
             value, value_mask = key, (value_mask if value_mask is not None else key_mask)
-        if key is None:
+        if key is None and not read_only:
             key, key_mask = value, (key_mask if key_mask is not None else value_mask)
         self._check_inputs(query, value, key)
         B, T = static_shape(query)[:2]
-        S = static_shape(key)[1]
+        S = None if read_only else static_shape(key)[1]
         if cache is not None:
             S, cache_update_index = self._check_cache(cache, query, key, cache_update_index)
             key_shape = (B, S)  # masks are over the cache's slots
@@ -416,7 +428,8 @@ class MultiHeadAttention(keras.layers.Layer):
             # Positions over the cache depend on `cache_update_index`, which may be
             # traced: the causal/window/written-slots mask is built here, explicitly.
             positional = cached_positional_mask(
-                T, S, cache_update_index, static_shape(key)[1], use_causal_mask, window)
+                T, S, cache_update_index, None if read_only else static_shape(key)[1],
+                use_causal_mask, window)
             mask_4d = combine_masks(mask_4d, positional)
             is_causal, window = False, None
 
