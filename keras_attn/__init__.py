@@ -4,7 +4,7 @@ They run unchanged on the TensorFlow, JAX and PyTorch backends of Keras 3
 (and on the NumPy backend for inference), chosen by `KERAS_BACKEND`.
 """
 
-from keras_attn import config, convert
+from keras_attn import config, convert, generation
 from keras_attn.attention import (
     causal_mask,
     combine_masks,
@@ -34,6 +34,7 @@ __all__ = [
     "config",
     "convert",
     "empty_cache",
+    "generation",
     "padding_mask",
     "rotary_embedding",
     "scaled_dot_product_attention",

@@ -146,11 +146,33 @@ class MultiHeadAttention(keras.layers.Layer):
             `j <= i + (S - T)`.
         mask: the query's Keras mask when `query` is the only tensor
             argument (Keras fills it in); used as `query_mask`.
+        cache: a key/value cache `(B, 2, S_max, H_kv, d)` (keys, then
+            values, after qk-norm and RoPE; see `keras_attn.empty_cache`),
+            or None. S_max is the cache length; `value_dim` must equal
+            `key_dim`. With a cache, attention runs over the S_max cache
+            slots: `key_mask`/`value_mask` are `(B, S_max)` and
+            `attention_mask` broadcasts to `(B, T, S_max)`, over the slots
+            (the query's Keras mask is not used as a key mask).
+        cache_update_index: where this call's S_new new keys and values
+            (projected from `key`/`value`, the query for self-attention) are
+            written into `cache`: an int or a scalar int tensor (traced
+            under `jit`; one compiled step serves every index). Query i sits
+            at absolute position `cache_update_index + S_new - T + i`
+            (`cache_update_index + i` for self-attention), the new keys at
+            `cache_update_index + j`, for RoPE, the causal mask and the
+            window alike; slots `>= cache_update_index + S_new` (not yet
+            written) are never attended, even without the causal mask. None
+            with a cache: read-only (cross-attention over a precomputed
+            memory), `key`/`value` are ignored and all S_max slots may be
+            attended, subject to the masks.
 
     Returns:
         The output `(B, T, output_dim)`, and with
-        `return_attention_scores=True` also the weights `(B, H, T, S)`.
-        A query that may attend no key gets a zero attention output.
+        `return_attention_scores=True` also the weights `(B, H, T, S)`
+        (S = S_max with a cache). With a `cache`, the updated cache
+        `(B, 2, S_max, H_kv, d)` comes last: `(output, new_cache)` or
+        `(output, scores, new_cache)`. A query that may attend no key gets
+        a zero attention output.
     """
 
     def __init__(

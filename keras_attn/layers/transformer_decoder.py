@@ -45,12 +45,31 @@ class TransformerDecoderLayer(TransformerLayerBase):
         training: whether dropout is active.
         mask, inputs_mask, memory_mask: the Keras masks of `inputs` and
             `memory`, filled in by Keras; used like the padding masks.
+        self_attention_cache: the self-attention's key/value cache
+            `(B, 2, S_max, H_kv, d)` (`keras_attn.empty_cache(layer, B,
+            S_max)`), or None. With it, `padding_mask` is `(B, S_max)` and
+            `attention_mask` broadcasts to `(B, T, S_max)`, over the cache
+            slots; a Keras mask of `inputs` raises a `ValueError`.
+        self_attention_cache_update_index: where the T new tokens are
+            written (an int or a scalar int tensor): they are the positions
+            `self_attention_cache_update_index + i`.
+        cross_attention_cache: the cross-attention's cache
+            `(B, 2, S, H, d)` (`layer.cross_attention.empty_cache(B, S)`),
+            or None; only together with `self_attention_cache`. With
+            `cross_attention_cache_update_index=None` it is read-only and
+            `memory` may be None; `memory_padding_mask` is `(B, S)`.
+        cross_attention_cache_update_index: 0 to fill the cross cache from
+            `memory` (the usual prefill), or None to read it.
 
     Returns:
         `(B, T, D)`. With `return_attention_scores=True`, a tuple
         `(outputs, self_attention_scores (B, H, T, T),
         cross_attention_scores (B, H, T, S))`, the last only when the layer
-        has memory.
+        has memory (with caches, their key axis is the cache's length:
+        S_max, and the cross cache's S). With caches, the updated caches follow, as keras-hub's
+        `TransformerDecoder`: `(outputs, self_attention_cache)`, or
+        `(outputs, self_attention_cache, cross_attention_cache)` when both
+        are given (after the scores, if requested).
     """
 
     def build(self, inputs_shape, memory_shape=None):
