@@ -423,17 +423,17 @@ class MultiHeadAttention(keras.layers.Layer):
         if read_only:
             # Keys and values come from the cache alone: `key`/`value` are ignored.
             value = key = None
-        elif cache is not None and value is None and key is None:
-            # The query's Keras mask marks query rows (B, T), not cache slots (B, S_max).
-            value = query
-        if read_only:
-            pass
-        elif value is None and key is None:  # self-attention
-            value, value_mask = query, (value_mask if value_mask is not None else query_mask)
-        elif value is None:
-            value, value_mask = key, (value_mask if value_mask is not None else key_mask)
-        if key is None and not read_only:
-            key, key_mask = value, (key_mask if key_mask is not None else value_mask)
+        else:
+            if cache is not None and value is None and key is None:
+                # The query's Keras mask marks query rows (B, T), not cache slots
+                # (B, S_max): it must not become the key mask.
+                value = query
+            if value is None and key is None:  # self-attention
+                value, value_mask = query, (value_mask if value_mask is not None else query_mask)
+            elif value is None:
+                value, value_mask = key, (value_mask if value_mask is not None else key_mask)
+            if key is None:
+                key, key_mask = value, (key_mask if key_mask is not None else value_mask)
         self._check_inputs(query, value, key)
         B, T = static_shape(query)[:2]
         S = None if read_only else static_shape(key)[1]
