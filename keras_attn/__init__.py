@@ -4,7 +4,7 @@ They run unchanged on the TensorFlow, JAX and PyTorch backends of Keras 3
 (and on the NumPy backend for inference), chosen by `KERAS_BACKEND`.
 """
 
-from keras_attn import config, convert
+from keras_attn import config, convert, generation
 from keras_attn.attention import (
     causal_mask,
     combine_masks,
@@ -12,6 +12,7 @@ from keras_attn.attention import (
     scaled_dot_product_attention,
     sliding_window_mask,
 )
+from keras_attn.cache import empty_cache
 from keras_attn.layers import (
     MultiHeadAttention,
     PositionwiseFeedForward,
@@ -32,6 +33,8 @@ __all__ = [
     "combine_masks",
     "config",
     "convert",
+    "empty_cache",
+    "generation",
     "padding_mask",
     "rotary_embedding",
     "scaled_dot_product_attention",

@@ -138,10 +138,17 @@ class TransformerLayerBase(keras.layers.Layer):
         return layer
 
     @staticmethod
-    def _attention_fn(layer, key, key_mask, attention_mask, causal, training, scores):
-        """`x -> layer(x, key, ...)`; appends the weights to `scores` if it is a list."""
+    def _attention_fn(layer, key, key_mask, attention_mask, causal, training, scores,
+                      cache=None, cache_update_index=None, caches=None):
+        """`x -> layer(x, key, ...)`; appends the weights to `scores` if it is a list.
+
+        With a `cache`, the updated cache is appended to the list `caches`.
+        """
 
         def attend(x):
+            kwargs = {}
+            if cache is not None:
+                kwargs = {"cache": cache, "cache_update_index": cache_update_index}
             result = layer(
                 x,
                 value=key,
@@ -150,12 +157,16 @@ class TransformerLayerBase(keras.layers.Layer):
                 return_attention_scores=scores is not None,
                 training=training,
                 value_mask=key_mask,
+                **kwargs,
             )
-            if scores is None:
+            if scores is None and cache is None:
                 return result
-            output, weights = result
-            scores.append(weights)
-            return output
+            result = list(result)
+            if cache is not None:
+                caches.append(result.pop())
+            if scores is not None:
+                scores.append(result[1])
+            return result[0]
 
         return attend
 

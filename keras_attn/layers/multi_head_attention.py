@@ -22,6 +22,12 @@ from keras_attn._validation import (
     check_positive_int,
     check_rank,
 )
+from keras_attn.cache import (
+    cached_positional_mask,
+    check_cache,
+    check_cache_update_index,
+    empty_cache,
+)
 from keras_attn.layers._common import clone_initializer
 from keras_attn.rotary import rotary_embedding
 
@@ -140,11 +146,33 @@ class MultiHeadAttention(keras.layers.Layer):
             `j <= i + (S - T)`.
         mask: the query's Keras mask when `query` is the only tensor
             argument (Keras fills it in); used as `query_mask`.
+        cache: a key/value cache `(B, 2, S_max, H_kv, d)` (keys, then
+            values, after qk-norm and RoPE; see `keras_attn.empty_cache`),
+            or None. S_max is the cache length; `value_dim` must equal
+            `key_dim`. With a cache, attention runs over the S_max cache
+            slots: `key_mask`/`value_mask` are `(B, S_max)` and
+            `attention_mask` broadcasts to `(B, T, S_max)`, over the slots
+            (the query's Keras mask is not used as a key mask).
+        cache_update_index: where this call's S_new new keys and values
+            (projected from `key`/`value`, the query for self-attention) are
+            written into `cache`: an int or a scalar int tensor (traced
+            under `jit`; one compiled step serves every index). Query i sits
+            at absolute position `cache_update_index + S_new - T + i`
+            (`cache_update_index + i` for self-attention), the new keys at
+            `cache_update_index + j`, for RoPE, the causal mask and the
+            window alike; slots `>= cache_update_index + S_new` (not yet
+            written) are never attended, even without the causal mask. None
+            with a cache: read-only (cross-attention over a precomputed
+            memory), `key`/`value` are ignored and all S_max slots may be
+            attended, subject to the masks.
 
     Returns:
         The output `(B, T, output_dim)`, and with
-        `return_attention_scores=True` also the weights `(B, H, T, S)`.
-        A query that may attend no key gets a zero attention output.
+        `return_attention_scores=True` also the weights `(B, H, T, S)`
+        (S = S_max with a cache). With a `cache`, the updated cache
+        `(B, 2, S_max, H_kv, d)` comes last: `(output, new_cache)` or
+        `(output, scores, new_cache)`. A query that may attend no key gets
+        a zero attention output.
     """
 
     def __init__(
@@ -265,10 +293,21 @@ class MultiHeadAttention(keras.layers.Layer):
         layer.build((None, None, None, self.key_dim))
         return layer
 
-    def _positions(self, query, key):
-        """Query and key absolute positions, bottom-right aligned: `(T,)`, `(S,)`."""
-        T, S = ops.shape(query)[1], ops.shape(key)[1]
-        return ops.arange(T, dtype="int32") + (S - T), ops.arange(S, dtype="int32")
+    def _positions(self, query, key, cache=None, cache_update_index=None):
+        """Query and key absolute positions, bottom-right aligned: `(T,)`, `(S,)`.
+
+        With a cache the new keys sit at `cache_update_index + j` and the
+        queries end where they end (see `keras_attn.cache`); with a read-only
+        cache the queries end at S_max (its keys were stored rotated).
+        """
+        T = ops.shape(query)[1]
+        if cache is not None and cache_update_index is None:
+            return ops.arange(T, dtype="int32") + (ops.shape(cache)[2] - T), None
+        S = ops.shape(key)[1]
+        start = 0 if cache is None else cache_update_index
+        keys = ops.arange(S, dtype="int32") + start  # (S,) or (S_new,)
+        S = S + start  # one past the last written position
+        return ops.arange(T, dtype="int32") + (S - T), keys
 
     def _rope(self, x, positions):
         return rotary_embedding(x, positions, max_wavelength=self.rope_max_wavelength,
@@ -327,11 +366,16 @@ class MultiHeadAttention(keras.layers.Layer):
         return combine_masks(attention_mask, key_padding)
 
     def _check_inputs(self, query, value, key):
-        """Ranks, dtypes, batch and length agreement, and the built widths."""
+        """Ranks, dtypes, batch and length agreement, and the built widths.
+
+        `value` and `key` None (a read-only cache) are not checked.
+        """
         shapes = {}
         for name, x, layout in (("query", query, "(B, T, q_dim)"),
                                 ("value", value, "(B, S, v_dim)"),
                                 ("key", key, "(B, S, k_dim)")):
+            if x is None:
+                continue
             shapes[name] = check_rank(name, x, 3, layout)
             check_floating(name, x)
         batches = {n: s[0] for n, s in shapes.items() if s[0] is not None}
@@ -339,7 +383,7 @@ class MultiHeadAttention(keras.layers.Layer):
             raise ValueError(
                 "`query`, `value` and `key` must have the same batch size B. Received: "
                 + ", ".join(f"{n}.shape={shapes[n]}" for n in shapes))
-        S_key, S_value = shapes["key"][1], shapes["value"][1]
+        S_key, S_value = shapes.get("key", (0, 0))[1], shapes.get("value", (0, 0))[1]
         if None not in (S_key, S_value) and S_key != S_value:
             raise ValueError(
                 "`key` and `value` must have the same length S. "
@@ -348,6 +392,8 @@ class MultiHeadAttention(keras.layers.Layer):
         if self.built:
             for name, dense in (("query", self.query_dense), ("value", self.value_dense),
                                 ("key", self.key_dense)):
+                if name not in shapes:
+                    continue
                 width, built = shapes[name][-1], dense.kernel.shape[0]
                 if width is not None and width != built:
                     raise ValueError(
@@ -369,61 +415,139 @@ class MultiHeadAttention(keras.layers.Layer):
         training=None,
         use_causal_mask=False,
         mask=None,
+        cache=None,
+        cache_update_index=None,
     ):
         query_mask = query_mask if query_mask is not None else mask
-        if value is None and key is None:  # self-attention
-            value, value_mask = query, (value_mask if value_mask is not None else query_mask)
-        elif value is None:
-            value, value_mask = key, (value_mask if value_mask is not None else key_mask)
-        if key is None:
-            key, key_mask = value, (key_mask if key_mask is not None else value_mask)
+        read_only = cache is not None and cache_update_index is None
+        if read_only:
+            # Keys and values come from the cache alone: `key`/`value` are ignored.
+            value = key = None
+        else:
+            if cache is not None and value is None and key is None:
+                # The query's Keras mask marks query rows (B, T), not cache slots
+                # (B, S_max): it must not become the key mask.
+                value = query
+            if value is None and key is None:  # self-attention
+                value, value_mask = query, (value_mask if value_mask is not None else query_mask)
+            elif value is None:
+                value, value_mask = key, (value_mask if value_mask is not None else key_mask)
+            if key is None:
+                key, key_mask = value, (key_mask if key_mask is not None else value_mask)
         self._check_inputs(query, value, key)
+        B, T = static_shape(query)[:2]
+        S = None if read_only else static_shape(key)[1]
+        if cache is not None:
+            S, cache_update_index = self._check_cache(cache, query, key, cache_update_index)
+            key_shape = (B, S)  # masks are over the cache's slots
+        else:
+            key_shape = key
         key_padding = combine_masks(as_bool_mask("key_mask", key_mask),
                                     as_bool_mask("value_mask", value_mask))
-        mask_4d = self._attention_mask(query, key, attention_mask, key_padding)
+        mask_4d = self._attention_mask(query, key_shape, attention_mask, key_padding)
+        is_causal, window = use_causal_mask, self.sliding_window
+        if cache is not None:
+            # Positions over the cache depend on `cache_update_index`, which may be
+            # traced: the causal/window/written-slots mask is built here, explicitly.
+            positional = cached_positional_mask(
+                T, S, cache_update_index, None if read_only else static_shape(key)[1],
+                use_causal_mask, window)
+            mask_4d = combine_masks(mask_4d, positional)
+            is_causal, window = False, None
 
-        H, d_k, d_v = self.num_heads, self.key_dim, self.head_value_dim
+        H, d_k = self.num_heads, self.key_dim
         training = bool(training)
         needs_weights = bool(return_attention_scores) or (training and self.dropout > 0.0)
-        B, T = static_shape(query)[:2]
-        S = static_shape(key)[1]
         path = select_implementation(
             self.implementation, lead=(B, H), T=T, S=S, has_mask=mask_4d is not None,
-            has_bias=False, is_causal=use_causal_mask, needs_weights=needs_weights,
+            has_bias=False, is_causal=is_causal, needs_weights=needs_weights,
             symbolic=isinstance(query, keras.KerasTensor),
-            has_window=self.sliding_window is not None,
+            has_window=window is not None,
             has_soft_cap=self.logit_soft_cap is not None)
 
-        H_kv = self.num_key_value_heads
-        q = self._project_heads(self.query_dense, query, d_k)  # (B, T, H, d_k)
-        k = self._project_heads(self.key_dense, key, d_k, H_kv)  # (B, S, H_kv, d_k)
-        v = self._project_heads(self.value_dense, value, d_v, H_kv)  # (B, S, H_kv, d_v)
-        if self.qk_norm is not None:
-            q, k = self.query_norm(q), self.key_norm(k)
-        if self.rope_max_wavelength is not None:
-            q_positions, k_positions = self._positions(query, key)
-            q, k = self._rope(q, q_positions), self._rope(k, k_positions)
+        q, k, v, new_cache = self._project(query, key, value, cache, cache_update_index)
         scale = 1.0 / math.sqrt(d_k)
         scores = None
         if path == "fused" and 0 not in (T, S):
             # Keras's (B, T, H, d) layout: no transposes on our side.
             attended = fused_attention_bthd(
-                q, k, v, mask=mask_4d, is_causal=use_causal_mask, scale=scale,
-                window=self.sliding_window)  # (B, T, H, d_v)
+                q, k, v, mask=mask_4d, is_causal=is_causal, scale=scale,
+                window=window)  # (B, T, H, d_v)
         else:
             q, k, v = (ops.swapaxes(x, 1, 2) for x in (q, k, v))  # (B, H|H_kv, L, d)
             attended = attend(
-                path, q, k, v, mask=mask_4d, is_causal=use_causal_mask, scale=scale,
+                path, q, k, v, mask=mask_4d, is_causal=is_causal, scale=scale,
                 dropout_rate=self.dropout, seed=self.seed_generator, training=training,
                 return_attention_scores=bool(return_attention_scores),
-                window=self.sliding_window, soft_cap=self.logit_soft_cap)
+                window=window, soft_cap=self.logit_soft_cap)
             if return_attention_scores:
                 attended, scores = attended
             attended = ops.swapaxes(attended, 1, 2)  # (B, T, H, d_v)
         output = self._project_output(attended)  # (B, T, output_dim)
-        if return_attention_scores:
-            return output, scores
-        return output
+        results = (output, scores) if return_attention_scores else (output,)
+        if cache is not None:
+            results += (new_cache,)
+        return results if len(results) > 1 else output
+
+    def _project(self, query, key, value, cache, cache_update_index):
+        """Queries, keys and values in `(B, L, heads, d)` after qk-norm and RoPE.
+
+        With a cache, the new keys and values are written into it at
+        `cache_update_index` and the keys and values returned are the
+        cache's `(B, S_max, H_kv, d)`; with a read-only cache (no index),
+        `key` and `value` are not used.
+
+        Returns:
+            `(q, k, v, new_cache)`, `new_cache` None without a cache.
+        """
+        d_k, d_v, H_kv = self.key_dim, self.head_value_dim, self.num_key_value_heads
+        q = self._project_heads(self.query_dense, query, d_k)  # (B, T, H, d_k)
+        read_only = cache is not None and cache_update_index is None
+        if read_only:
+            k, v = None, None
+        else:
+            k = self._project_heads(self.key_dense, key, d_k, H_kv)  # (B, S_new, H_kv, d_k)
+            v = self._project_heads(self.value_dense, value, d_v, H_kv)  # (B, S_new, H_kv, d_v)
+        if self.qk_norm is not None:
+            q = self.query_norm(q)
+            k = None if read_only else self.key_norm(k)
+        if self.rope_max_wavelength is not None:
+            q_positions, k_positions = self._positions(query, key, cache, cache_update_index)
+            q = self._rope(q, q_positions)
+            k = None if read_only else self._rope(k, k_positions)
+        if cache is None:
+            return q, k, v, None
+        if read_only:
+            new_cache = cache
+        else:
+            new = ops.cast(ops.stack([k, v], axis=1), cache.dtype)  # (B, 2, S_new, H_kv, d)
+            new_cache = ops.slice_update(cache, [0, 0, cache_update_index, 0, 0], new)
+        k = ops.cast(new_cache[:, 0], q.dtype)  # (B, S_max, H_kv, d_k)
+        v = ops.cast(new_cache[:, 1], q.dtype)  # (B, S_max, H_kv, d_v)
+        return q, k, v, new_cache
+
+    def _check_cache(self, cache, query, key, cache_update_index):
+        """Validate a cache call before any computation; returns `(S_max, index)`."""
+        if self.head_value_dim != self.key_dim:
+            raise ValueError(
+                "A key/value cache stores keys and values in one tensor "
+                "(B, 2, S_max, H_kv, d): `value_dim` must equal `key_dim`. "
+                f"Received: key_dim={self.key_dim}, value_dim={self.value_dim}")
+        B = static_shape(query)[0]
+        S_max = check_cache(cache, B, self.num_key_value_heads, self.key_dim)[2]
+        if cache_update_index is None:
+            return S_max, None
+        S_new = static_shape(key)[1]
+        if S_new is not None and S_new > S_max:
+            raise ValueError(
+                f"The {S_new} new keys (`key`/`value` length, the query's for "
+                f"self-attention) do not fit in a cache of length S_max={S_max}. "
+                f"Received: key.shape={static_shape(key)}, cache.shape={static_shape(cache)}")
+        return S_max, check_cache_update_index(cache_update_index, S_new, S_max)
+
+    def empty_cache(self, batch_size, max_length, dtype=None):
+        """Zeros `(B, 2, S_max, H_kv, d)` for this layer; see `keras_attn.empty_cache`."""
+        return empty_cache(self, batch_size, max_length, dtype)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         query_shape = check_rank("query", query_shape, 3, "(B, T, q_dim)")
@@ -432,16 +556,20 @@ class MultiHeadAttention(keras.layers.Layer):
     def compute_output_spec(
         self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None,
         attention_mask=None, return_attention_scores=False, training=None,
-        use_causal_mask=False, mask=None,
+        use_causal_mask=False, mask=None, cache=None, cache_update_index=None,
     ):
         source = value if value is not None else (key if key is not None else query)
         output = keras.KerasTensor(
             self.compute_output_shape(query.shape), dtype=self.compute_dtype)
-        if not return_attention_scores:
-            return output
-        B, T = query.shape[0], query.shape[1]
-        scores_shape = (B, self.num_heads, T, source.shape[1])
-        return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
+        results = (output,)
+        if return_attention_scores:
+            B, T = query.shape[0], query.shape[1]
+            S = source.shape[1] if cache is None else cache.shape[2]
+            scores_shape = (B, self.num_heads, T, S)
+            results += (keras.KerasTensor(scores_shape, dtype=self.compute_dtype),)
+        if cache is not None:
+            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+        return results if len(results) > 1 else output
 
     def get_config(self):
         config = super().get_config()

@@ -45,12 +45,31 @@ class TransformerDecoderLayer(TransformerLayerBase):
         training: whether dropout is active.
         mask, inputs_mask, memory_mask: the Keras masks of `inputs` and
             `memory`, filled in by Keras; used like the padding masks.
+        self_attention_cache: the self-attention's key/value cache
+            `(B, 2, S_max, H_kv, d)` (`keras_attn.empty_cache(layer, B,
+            S_max)`), or None. With it, `padding_mask` is `(B, S_max)` and
+            `attention_mask` broadcasts to `(B, T, S_max)`, over the cache
+            slots; a Keras mask of `inputs` raises a `ValueError`.
+        self_attention_cache_update_index: where the T new tokens are
+            written (an int or a scalar int tensor): they are the positions
+            `self_attention_cache_update_index + i`.
+        cross_attention_cache: the cross-attention's cache
+            `(B, 2, S, H, d)` (`layer.cross_attention.empty_cache(B, S)`),
+            or None; only together with `self_attention_cache`. With
+            `cross_attention_cache_update_index=None` it is read-only and
+            `memory` may be None; `memory_padding_mask` is `(B, S)`.
+        cross_attention_cache_update_index: 0 to fill the cross cache from
+            `memory` (the usual prefill), or None to read it.
 
     Returns:
         `(B, T, D)`. With `return_attention_scores=True`, a tuple
         `(outputs, self_attention_scores (B, H, T, T),
         cross_attention_scores (B, H, T, S))`, the last only when the layer
-        has memory.
+        has memory (with caches, their key axis is the cache's length:
+        S_max, and the cross cache's S). With caches, the updated caches follow, as keras-hub's
+        `TransformerDecoder`: `(outputs, self_attention_cache)`, or
+        `(outputs, self_attention_cache, cross_attention_cache)` when both
+        are given (after the scores, if requested).
     """
 
     def build(self, inputs_shape, memory_shape=None):
@@ -72,11 +91,14 @@ class TransformerDecoderLayer(TransformerLayerBase):
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
         self.built = True
 
-    def _check_memory(self, memory):
-        if self.has_memory and memory is None:
+    def _check_memory(self, memory, cross_attention_cache=None,
+                      cross_attention_cache_update_index=None):
+        if self.has_memory and memory is None and (
+                cross_attention_cache is None or cross_attention_cache_update_index is not None):
             raise ValueError(
                 f"Layer '{self.name}' was built with `memory` (encoder-decoder "
-                "cross-attention) and must be called with it. "
+                "cross-attention) and must be called with it, or with a filled "
+                "`cross_attention_cache` and no `cross_attention_cache_update_index`. "
                 "Received: memory=None"
             )
         if not self.has_memory and memory is not None:
@@ -84,6 +106,12 @@ class TransformerDecoderLayer(TransformerLayerBase):
                 f"Layer '{self.name}' was built without `memory` (a "
                 "decoder-only block with no cross-attention) and cannot be "
                 f"called with it. Received: memory.shape={tuple(memory.shape)}"
+            )
+        if not self.has_memory and cross_attention_cache is not None:
+            raise ValueError(
+                f"Layer '{self.name}' was built without `memory` and has no "
+                "cross-attention to cache. Received: cross_attention_cache.shape="
+                f"{tuple(cross_attention_cache.shape)}"
             )
 
     def call(
@@ -100,27 +128,48 @@ class TransformerDecoderLayer(TransformerLayerBase):
         mask=None,
         inputs_mask=None,
         memory_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        cross_attention_cache_update_index=None,
     ):
         check_rank("inputs", inputs, 3, "(B, T, D)")
-        self._check_memory(memory)
+        self._check_memory(memory, cross_attention_cache, cross_attention_cache_update_index)
+        if cross_attention_cache is not None and self_attention_cache is None:
+            raise ValueError(
+                "`cross_attention_cache` is used together with `self_attention_cache` "
+                "(incremental decoding); pass both, or neither. Received: "
+                "self_attention_cache=None, cross_attention_cache.shape="
+                f"{tuple(cross_attention_cache.shape)}")
         keras_mask = mask if mask is not None else inputs_mask
+        if self_attention_cache is not None and keras_mask is not None:
+            # The inputs' Keras mask covers the T new tokens; with a cache the
+            # self-attention's keys are the S_max cache slots.
+            raise ValueError(
+                "With `self_attention_cache`, mark padded cache slots with "
+                "`padding_mask` of shape (B, S_max); the Keras mask of `inputs` (B, T) "
+                "does not cover the cached positions. Received: a Keras mask of shape "
+                f"{tuple(keras_mask.shape)}")
         self_key_mask = combine_masks(padding_mask, keras_mask)
         scores = [] if return_attention_scores else None
+        caches = []
         x = self._residual(
             inputs,
             self._attention_fn(self.self_attention, None, self_key_mask, attention_mask,
-                               use_causal_mask, training, scores),
+                               use_causal_mask, training, scores, self_attention_cache,
+                               self_attention_cache_update_index, caches),
             self.self_attention_norm, self.self_attention_dropout, training)
         if self.has_memory:
             memory_key_mask = combine_masks(memory_padding_mask, memory_mask)
             x = self._residual(
                 x,
                 self._attention_fn(self.cross_attention, memory, memory_key_mask,
-                                   memory_attention_mask, False, training, scores),
+                                   memory_attention_mask, False, training, scores,
+                                   cross_attention_cache, cross_attention_cache_update_index,
+                                   caches),
                 self.cross_attention_norm, self.cross_attention_dropout, training)
         x = self._residual(x, lambda h: self.feed_forward(h, training=training),
                            self.feed_forward_norm, self.feed_forward_dropout,
                            training)
-        if return_attention_scores:
-            return (x, *scores)
-        return x
+        results = (x, *(scores or ()), *caches)
+        return results if len(results) > 1 else x

@@ -1,0 +1,150 @@
+"""Key/value caches for incremental decoding (keras.ops only).
+
+A cache holds the keys and values of the positions seen so far, so that each
+decoding step projects only its new tokens. Layout `(B, 2, S_max, H_kv, d)`,
+keys (index 0 of axis 1) then values (index 1), as keras-hub's
+`CachedMultiHeadAttention`: B batch, S_max the cache length (the longest
+sequence it can hold), H_kv key/value heads, d head width. Keys are stored
+after qk-norm and RoPE, so that a stored key never needs its position again.
+
+Positions are absolute (see DESIGN.md): with `cache_update_index = u` and
+`S_new` new keys, the written slots are `j < u + S_new`, and query i of T sits
+at `u + S_new - T + i` (bottom-right aligned over the written slots; for
+self-attention S_new = T, so query i is at `u + i`). Slots not yet written
+are never attended. Without an update index (a read-only cache, such as
+cross-attention over a precomputed memory) every slot is written, and query i
+sits at `S_max - T + i`.
+"""
+
+import numbers
+
+import keras
+from keras import ops
+
+from keras_attn._paths import paths_taken
+from keras_attn._shapes import static_shape
+from keras_attn._validation import check_positive_int, dtype_of
+
+__all__ = ["cached_positional_mask", "check_cache", "check_cache_update_index", "empty_cache"]
+
+
+def empty_cache(layer, batch_size, max_length, dtype=None):
+    """A zero key/value cache for `layer`, to be filled by calls with an update index.
+
+    Args:
+        layer: a `keras_attn.MultiHeadAttention`, or a built
+            `keras_attn.TransformerDecoderLayer` (its self-attention's cache).
+        batch_size: B.
+        max_length: S_max, the number of positions the cache holds (prompt
+            and generated tokens together).
+        dtype: the cache's dtype. Defaults to the layer's compute dtype
+            (`bfloat16` under `mixed_bfloat16`).
+
+    Returns:
+        Zeros `(B, 2, S_max, H_kv, d)`: H_kv the layer's
+        `num_key_value_heads`, d its `key_dim`.
+    """
+    attention = getattr(layer, "self_attention", layer)
+    heads = getattr(attention, "num_key_value_heads", None)
+    width = getattr(attention, "key_dim", None)
+    if not isinstance(heads, int) or not isinstance(width, int):
+        raise ValueError(
+            "`layer` must be a keras_attn MultiHeadAttention or a built "
+            "TransformerDecoderLayer (its head width is known once built). "
+            f"Received: layer={layer!r}")
+    batch_size = check_positive_int("batch_size", batch_size)
+    max_length = check_positive_int("max_length", max_length)
+    dtype = dtype or attention.compute_dtype
+    return ops.zeros((batch_size, 2, max_length, heads, width), dtype=dtype)
+
+
+def check_cache(cache, batch_size, kv_heads, head_dim):
+    """`cache` is a floating `(B, 2, S_max, H_kv, d)` tensor; returns its static shape."""
+    shape = static_shape(cache)
+    layout = f"(B, 2, S_max, H_kv, d) = ({batch_size}, 2, S_max, {kv_heads}, {head_dim})"
+    expected = (batch_size, 2, None, kv_heads, head_dim)
+    if len(shape) != 5 or shape[2] is None or any(
+            e is not None and s is not None and s != e for s, e in zip(shape, expected)):
+        raise ValueError(
+            f"`cache` must have shape {layout} with a static S_max (keys then values on "
+            f"axis 1; see `keras_attn.empty_cache`). Received: cache.shape={shape}")
+    dtype = dtype_of(cache)
+    if "float" not in dtype:
+        raise ValueError(
+            f"`cache` must be a floating tensor (see `keras_attn.empty_cache`). "
+            f"Received: cache.dtype={dtype}")
+    return shape
+
+
+def check_cache_update_index(cache_update_index, new_length, max_length):
+    """A non-negative int with room for `new_length` keys, or a scalar int tensor.
+
+    A tensor index (traced under `jit`) cannot be range-checked here; it is
+    the caller's promise that `cache_update_index + new_length <= S_max`.
+    """
+    index = cache_update_index
+    if isinstance(index, bool):
+        pass  # falls through to the error: True is not a position
+    elif isinstance(index, numbers.Integral):
+        index = int(index)
+        if index < 0 or (new_length is not None and index + new_length > max_length):
+            raise ValueError(
+                f"`cache_update_index` must be in [0, S_max - S_new] = "
+                f"[0, {max_length} - {new_length}]: the {new_length} new keys must fit in "
+                f"the cache. Received: cache_update_index={index}")
+        return index
+    elif hasattr(index, "shape") and hasattr(index, "dtype"):
+        dtype = keras.backend.standardize_dtype(index.dtype)
+        if len(index.shape) == 0 and "int" in dtype:
+            return ops.cast(index, "int32")
+        raise ValueError(
+            "`cache_update_index` must be an int or a scalar integer tensor. "
+            f"Received: cache_update_index with shape={tuple(index.shape)}, dtype={dtype}")
+    raise ValueError(
+        "`cache_update_index` must be an int or a scalar integer tensor. "
+        f"Received: cache_update_index={index!r}")
+
+
+def cached_positional_mask(T, max_length, start, new_length, is_causal, window):
+    """Bool `(T, S_max)`: which cache slots each query may attend.
+
+    Args:
+        T: the query length.
+        max_length: S_max.
+        start: `cache_update_index` (an int or a scalar int tensor), or None
+            for a read-only cache (every slot written).
+        new_length: S_new, the keys written at `start` by this call (unused
+            when `start` is None).
+        is_causal: slot j only if `j <= p`, p the query's absolute position.
+        window: W or None: `0 <= p - j < W` (causal) or `|p - j| < W`.
+
+    Built from `arange` comparisons (never Python control flow on `start`),
+    so one compiled step serves every `start`. Counted as the `"cached"`
+    entry of `keras_attn._paths.paths_taken`, so tests can observe that a
+    call took the cached path.
+    """
+    paths_taken["cached"] += 1
+    slots = ops.expand_dims(ops.arange(max_length, dtype="int32"), 0)  # (1, S_max)
+    rows = ops.expand_dims(ops.arange(T, dtype="int32"), 1)  # (T, 1)
+    if start is None:
+        written, first = None, max_length - T
+    else:
+        end = start + new_length  # one past the last written slot
+        written = ops.less(slots, end)  # (1, S_max)
+        first = end - T
+    position = rows + first  # (T, 1): absolute position of each query
+    allowed = written
+    if is_causal:
+        allowed = _and(allowed, ops.less_equal(slots, position))
+    if window is not None:
+        distance = position - slots  # (T, S_max)
+        near = (ops.less(distance, window) if is_causal
+                else ops.less(ops.abs(distance), window))
+        allowed = _and(allowed, near)
+    if allowed is None:
+        return None
+    return ops.broadcast_to(allowed, (T, max_length))
+
+
+def _and(a, b):
+    return b if a is None else ops.logical_and(a, b)
