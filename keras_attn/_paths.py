@@ -22,14 +22,16 @@ from keras import ops
 
 from keras_attn import config
 from keras_attn._blockwise import blockwise_attention, group_size
-from keras_attn._shapes import broadcast_lead, softmax_dtype, static_shape, to_rank
+from keras_attn._shapes import broadcast_lead, score_lead, softmax_dtype, static_shape, to_rank
 
 __all__ = [
     "IMPLEMENTATIONS",
     "attend",
+    "block_size_for",
     "causal_mask",
     "check_implementation",
     "combine_masks",
+    "device_kind",
     "empty_attention",
     "explicit_attention",
     "fused_attention",
@@ -72,9 +74,94 @@ def _known_scores(lead, T, S):
     return math.prod(d for d in (*lead, T, S) if d is not None)
 
 
+# The measured part of the policy (benchmarks/crossover.py, benchmarks/README.md):
+# on a CPU, under JAX and TensorFlow, the blockwise loop is faster than the fused
+# kernel once one head's scores reach this many elements (64 x 64; at 64 x 64 the
+# forward times are equal and the train step is faster blockwise). XLA's CPU
+# attention materialises the logits and weights of every head and runs its
+# softmax through memory; blockwise tiles stay in cache, and causal attention
+# skips the blocks above the diagonal.
+CPU_BLOCKWISE_MIN_SCORES = 64 * 64
+# The block length the blockwise path picks when none is set: the largest of
+# these whose tile of scores over the leading dims, `prod(lead) * block**2`,
+# stays within TILE_SCORES (4 MiB of float32, cache-sized), or half of it when
+# causal or windowed: there a loop wastes about half a block per row on the
+# diagonal, so smaller blocks pay off. Measured: B=1, H=4 runs best with 512
+# (256 causal), B=8, H=8 with 128.
+BLOCK_SIZES = (512, 256, 128)
+TILE_SCORES = 2**20
+
+
+@functools.cache
+def _default_device_kind():
+    """"cpu", "gpu" or "tpu": where Keras runs by default (JAX and TensorFlow)."""
+    try:
+        devices = keras.distribution.list_devices()
+    except (AttributeError, NotImplementedError, RuntimeError, ValueError):
+        return "cpu"  # NumPy; PyTorch reads the tensor's device instead
+    return devices[0].split(":")[0].lower() if devices else "cpu"
+
+
+def device_kind(tensor=None):
+    """"cpu", "gpu", "tpu" (or PyTorch's "cuda", "mps", ...) of a call.
+
+    PyTorch tensors carry their device (`tensor.device.type`); under JAX and
+    TensorFlow traced tensors don't, so the default device Keras places work
+    on decides (`keras.distribution.list_devices()`).
+    """
+    if keras.backend.backend() == "torch":
+        kind = getattr(getattr(tensor, "device", None), "type", None)
+        return "cpu" if kind is None else str(kind)
+    if keras.backend.backend() == "numpy":
+        return "cpu"
+    return _default_device_kind()
+
+
+def block_size_for(lead, T, S, banded=False):
+    """The blockwise block length for a call (a set size overrides the choice).
+
+    Args:
+        lead: the static leading dims of the scores (None where unknown,
+            counted as 1).
+        T, S: query and key lengths (the blockwise path clamps a block to
+            its sequence).
+        banded: causal or windowed attention, where blocks off the band are
+            skipped.
+    """
+    size = config.block_size_override()
+    if size is None:
+        budget = TILE_SCORES // 2 if banded else TILE_SCORES
+        per_block = _known_scores(lead, 1, 1)
+        size = next((b for b in BLOCK_SIZES if per_block * b * b <= budget), BLOCK_SIZES[-1])
+    return size
+
+
 def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_causal,
-                          needs_weights, symbolic, has_window=False, has_soft_cap=False):
-    """The path a call takes; see `scaled_dot_product_attention`.
+                          needs_weights, symbolic, has_window=False, has_soft_cap=False,
+                          device=None):
+    """The path a call takes; the one place where `"auto"` is decided.
+
+    The policy of `"auto"`, in order:
+
+    1. Scores requested, attention dropout active, or symbolic inputs: explicit
+       (the only path that materialises the weights).
+    2. Unknown T or S: fused (explicit with a soft-cap): blockwise needs static
+       lengths.
+    3. Memory: when the scores of one call, `prod(lead) * T * S` (unknown dims
+       count as 1), exceed `config.blockwise_threshold()` (2**26 elements,
+       256 MiB of float32), blockwise; except on PyTorch without mask, bias,
+       window or soft-cap (and causal only when T == S), where SDPA's own
+       flash kernel is linear in memory already.
+    4. Speed, measured (benchmarks/crossover.py): on a CPU under JAX or
+       TensorFlow, blockwise once one head's scores `T * S` reach
+       `CPU_BLOCKWISE_MIN_SCORES` (64 x 64), with the block from
+       `block_size_for`; everywhere else (PyTorch, whose CPU SDPA
+       kernel is faster than a loop of ops; NumPy; any GPU or TPU, where the
+       fused kernels are cuDNN/flash and no measurement here says otherwise)
+       fused, or explicit with a soft-cap (the fused kernel cannot cap).
+
+    A threshold set with `config.set_blockwise_threshold` replaces 3 and 4 by
+    its one rule (blockwise above it, fused at or below) on every backend.
 
     Args:
         implementation: the requested one (`"auto"` resolves here).
@@ -86,6 +173,7 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
         symbolic: the inputs are `KerasTensor`s (shape inference only).
         has_window, has_soft_cap: a sliding window or a logit soft-cap is set.
             The fused kernel cannot soft-cap, so `auto` routes around it.
+        device: `device_kind()` of the call; read when None.
     """
     check_implementation(implementation)
     if needs_weights or symbolic:
@@ -102,20 +190,26 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
         )
     if implementation != "auto":
         return _taken(implementation)
+    not_blockwise = "explicit" if has_soft_cap else "fused"
     if T is None or S is None:
-        return _taken("explicit" if has_soft_cap else "fused")  # blockwise needs static lengths
+        return _taken(not_blockwise)
     # An unknown batch dim (a `None` input signature, an export) counts as 1:
     # the per-example score count alone decides, so a long sequence never
     # falls back to the full score matrix just because the batch is symbolic.
-    if _known_scores(lead, T, S) <= config.blockwise_threshold():
-        return _taken("explicit" if has_soft_cap else "fused")
-    if (keras.backend.backend() == "torch" and not has_mask and not has_bias and not has_window
-            and not has_soft_cap
-            and (not is_causal or T == S)):
-        # PyTorch's SDPA runs its own flash kernel here (no mask to
-        # materialise): linear memory already, and faster than a loop.
-        return _taken("fused")
-    return _taken("blockwise")
+    if _known_scores(lead, T, S) > config.blockwise_threshold():
+        if (keras.backend.backend() == "torch" and not has_mask and not has_bias
+                and not has_window and not has_soft_cap and (not is_causal or T == S)):
+            # PyTorch's SDPA runs its own flash kernel here (no mask to
+            # materialise): linear memory already, and faster than a loop.
+            return _taken("fused")
+        return _taken("blockwise")
+    if config.threshold_override() is not None:
+        return _taken(not_blockwise)
+    device = device_kind() if device is None else device
+    if (keras.backend.backend() in ("jax", "tensorflow") and device == "cpu"
+            and T * S >= CPU_BLOCKWISE_MIN_SCORES):
+        return _taken("blockwise")
+    return _taken(not_blockwise)
 
 
 def _taken(path):
@@ -415,7 +509,8 @@ def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale
     if path == "blockwise":
         return blockwise_attention(query, key, value, mask=mask, bias=bias,
                                    is_causal=is_causal, scale=scale,
-                                   block_size=config.attention_block_size(),
+                                   block_size=block_size_for(score_lead(query, key), T, S,
+                                                             is_causal or window is not None),
                                    sliding_window=window, logit_soft_cap=soft_cap)
     return explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_rate,
                               seed, training, return_attention_scores, window, soft_cap)

@@ -20,7 +20,12 @@ import keras
 from keras import ops
 
 from keras_attn import _paths
-from keras_attn._paths import check_implementation, combine_masks, select_implementation
+from keras_attn._paths import (
+    check_implementation,
+    combine_masks,
+    device_kind,
+    select_implementation,
+)
 from keras_attn._shapes import score_lead, static_shape
 from keras_attn._validation import (
     as_bool_mask,
@@ -208,17 +213,22 @@ def scaled_dot_product_attention(
             so it is always taken when scores are requested or dropout is
             active). `"fused"` calls `keras.ops.dot_product_attention`
             (PyTorch's SDPA kernels, cuDNN/flash on GPU). `"blockwise"` is an
-            online-softmax loop over blocks of `keras_attn.config.
-            attention_block_size()` queries and keys whose memory grows
+            online-softmax loop over blocks of queries and keys (a block
+            length chosen from the shape, or the one set with
+            `keras_attn.config.set_attention_block_size`) whose memory grows
             linearly with the sequence length (forward and backward); it
-            needs static `T` and `S`. `"auto"` takes the fused path unless
-            the scores would exceed `keras_attn.config.blockwise_threshold()`
-            elements, then the blockwise one (on PyTorch, unmasked attention
-            stays on SDPA's own flash kernel, which is linear in memory).
-            Dims unknown while tracing (a `None` batch) count as 1, so the
-            per-example score count decides. A soft-cap, which the fused
-            kernel cannot apply, goes to the explicit path below the
-            threshold (`"fused"` with a soft-cap is a `ValueError`).
+            needs static `T` and `S`. `"auto"` follows a measured,
+            backend-aware policy (`keras_attn._paths.select_implementation`;
+            README, Performance): blockwise when the scores would exceed
+            `keras_attn.config.blockwise_threshold()` elements (on PyTorch,
+            unmasked attention stays on SDPA's own flash kernel, which is
+            linear in memory); below that, blockwise on a CPU under JAX or
+            TensorFlow once one head's scores reach 64 x 64, where it is
+            measured faster, and fused everywhere else (PyTorch, NumPy,
+            GPUs). Dims unknown while tracing (a `None` batch) count as 1,
+            so the per-example score count decides. A soft-cap, which the
+            fused kernel cannot apply, goes to the explicit path where the
+            policy says fused (`"fused"` with a soft-cap is a `ValueError`).
         sliding_window: W, a positive int, or None. Query position
             p = i + (S - T) may attend key j iff `0 <= p - j < W` when
             causal (W keys, its own included; Hugging Face's and keras-hub
@@ -252,6 +262,7 @@ def scaled_dot_product_attention(
         implementation, lead=score_lead(query, key), T=static_shape(query)[-2],
         S=static_shape(key)[-2], has_mask=mask is not None, has_bias=bias is not None,
         is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
-        has_window=sliding_window is not None, has_soft_cap=logit_soft_cap is not None)
+        has_window=sliding_window is not None, has_soft_cap=logit_soft_cap is not None,
+        device=device_kind(query))
     return _paths.attend(path, query, key, value, mask, bias, is_causal, scale, dropout_rate,
                          seed, training, return_attention_scores, sliding_window, logit_soft_cap)

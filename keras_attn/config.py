@@ -1,25 +1,26 @@
-"""Global settings of the attention implementations.
+"""Global settings of the attention implementations: overrides of the `auto` policy.
 
 `implementation="auto"` (the default of `scaled_dot_product_attention` and
-`MultiHeadAttention`) picks the blockwise, memory-efficient path when the
-attention scores of one call would hold more than
-`blockwise_threshold()` elements (`B * H * T * S`, counted over the
-broadcast leading dims), and the fused `keras.ops.dot_product_attention`
-path below it. The blockwise path works on query and key blocks of
-`attention_block_size()` positions, so it never holds more than
-`B * H * block_size**2` scores at once.
+`MultiHeadAttention`) follows a measured, backend-aware policy written out in
+`keras_attn._paths.select_implementation` (and in the README's Performance
+section): blockwise when the scores of one call would exceed
+`DEFAULT_BLOCKWISE_THRESHOLD` elements, and below that the faster path on
+the backend and device (on a CPU under JAX or TensorFlow, blockwise from
+128 x 128 scores per head; elsewhere the fused kernel). The blockwise path
+then picks its block length from the shape.
 
-Example:
+Both settings below override the policy, process-wide, until set back to
+None:
 
 ```python
 import keras_attn
 
-keras_attn.config.set_attention_block_size(256)
-keras_attn.config.set_blockwise_threshold(2**24)  # go blockwise sooner
+keras_attn.config.set_attention_block_size(256)   # every blockwise call uses 256
+keras_attn.config.set_blockwise_threshold(2**24)  # one rule everywhere: blockwise above
+keras_attn.config.set_blockwise_threshold(None)   # back to the measured policy
 ```
 
-The settings are process-wide and read at call (trace) time: change them
-before a model is compiled.
+They are read at call (trace) time: change them before a model is compiled.
 """
 
 from keras_attn._validation import check_positive_int
@@ -28,9 +29,11 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_BLOCKWISE_THRESHOLD",
     "attention_block_size",
+    "block_size_override",
     "blockwise_threshold",
     "set_attention_block_size",
     "set_blockwise_threshold",
+    "threshold_override",
 ]
 
 # 512 x 512 float32 scores = 1 MiB per (batch, head) pair: large enough for
@@ -40,38 +43,65 @@ DEFAULT_BLOCK_SIZE = 512
 # hold a few tensors of that size (logits, weights, and their gradients).
 DEFAULT_BLOCKWISE_THRESHOLD = 2**26
 
+# None = not set: `auto` follows the measured policy in `_paths.select_implementation`
+# (and the blockwise path picks its block size from the shape); a set value overrides it.
 _settings = {
-    "block_size": DEFAULT_BLOCK_SIZE,
-    "threshold": DEFAULT_BLOCKWISE_THRESHOLD,
+    "block_size": None,
+    "threshold": None,
 }
 
 
 def attention_block_size():
-    """The query/key block length of the blockwise attention path."""
-    return _settings["block_size"]
+    """The query/key block length set with `set_attention_block_size`.
+
+    Without a setting the blockwise path chooses the block from the shape
+    (see `set_attention_block_size`); this then returns `DEFAULT_BLOCK_SIZE`,
+    the largest block it uses.
+    """
+    return _settings["block_size"] or DEFAULT_BLOCK_SIZE
 
 
 def set_attention_block_size(block_size):
     """Set the query/key block length of the blockwise attention path.
 
     Args:
-        block_size: positive int. Memory of one step is
+        block_size: positive int, or None to let the blockwise path choose
+            it from the shape again (the default). Memory of one step is
             `B * H * block_size**2` scores; larger blocks mean fewer,
-            larger matmuls.
+            larger matmuls. A block is never longer than its sequence.
     """
-    _settings["block_size"] = check_positive_int("block_size", block_size)
+    _settings["block_size"] = check_positive_int("block_size", block_size, allow_none=True)
 
 
 def blockwise_threshold():
-    """Score count `B * H * T * S` above which `"auto"` goes blockwise."""
-    return _settings["threshold"]
+    """Score count `B * H * T * S` above which `"auto"` always goes blockwise.
+
+    Without a setting this is `DEFAULT_BLOCKWISE_THRESHOLD`, the memory
+    bound of the policy (below it, the policy decides by speed).
+    """
+    return _settings["threshold"] or DEFAULT_BLOCKWISE_THRESHOLD
 
 
 def set_blockwise_threshold(num_scores):
     """Set the score count above which `implementation="auto"` goes blockwise.
 
+    A set threshold replaces the backend-aware policy of `auto` by one
+    rule on every backend and device: blockwise above `num_scores`, fused
+    (or explicit, for a soft-cap) at or below it.
+
     Args:
         num_scores: positive int, compared with `B * H * T * S` (the number
-            of elements of the attention scores of one call).
+            of elements of the attention scores of one call), or None to
+            restore the measured policy (the default).
     """
-    _settings["threshold"] = check_positive_int("num_scores", num_scores)
+    _settings["threshold"] = check_positive_int("num_scores", num_scores, allow_none=True)
+
+
+def block_size_override():
+    """The block size set by the user, or None (the policy chooses)."""
+    return _settings["block_size"]
+
+
+def threshold_override():
+    """The threshold set by the user, or None (the measured policy decides)."""
+    return _settings["threshold"]

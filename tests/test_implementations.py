@@ -19,11 +19,10 @@ PATHS = ["explicit", "fused", "blockwise"]
 @pytest.fixture(autouse=True)
 def _small_blocks():
     """Blocks of 4 so that the test sizes span several, partial blocks."""
-    size, threshold = config.attention_block_size(), config.blockwise_threshold()
     config.set_attention_block_size(4)
     yield
-    config.set_attention_block_size(size)
-    config.set_blockwise_threshold(threshold)
+    config.set_attention_block_size(None)  # back to the policy's own choices
+    config.set_blockwise_threshold(None)
 
 
 def _inputs(seed, T, S, d_k=4, d_v=5, lead=(2, 3)):

@@ -21,12 +21,11 @@ PATHS = ["explicit", "fused", "blockwise"]
 
 @pytest.fixture(autouse=True)
 def _small_blocks():
-    size, threshold = config.attention_block_size(), config.blockwise_threshold()
     config.set_attention_block_size(4)
     _paths.paths_taken.clear()
     yield
-    config.set_attention_block_size(size)
-    config.set_blockwise_threshold(threshold)
+    config.set_attention_block_size(None)  # back to the policy's own choices
+    config.set_blockwise_threshold(None)
 
 
 def _problem(seed, T, S, H=4, H_kv=2, d_k=5, d_v=3):

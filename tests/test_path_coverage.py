@@ -21,12 +21,11 @@ BACKEND = keras.backend.backend()
 
 @pytest.fixture(autouse=True)
 def _small_blocks():
-    size, threshold = config.attention_block_size(), config.blockwise_threshold()
     config.set_attention_block_size(4)
     _paths.paths_taken.clear()
     yield
-    config.set_attention_block_size(size)
-    config.set_blockwise_threshold(threshold)
+    config.set_attention_block_size(None)  # back to the policy's own choices
+    config.set_blockwise_threshold(None)
 
 
 def _taken():
@@ -59,6 +58,80 @@ def test_unknown_batch_counts_as_one():
     torch_flash = "fused" if BACKEND == "torch" else "blockwise"
     assert select("auto", lead=(None, 4), T=65, S=65, **kw) == torch_flash
     assert select("auto", lead=(None, 4), T=65, S=65, **dict(kw, has_mask=True)) == "blockwise"
+
+
+# The backend-aware policy (no setting made): pinned here per backend, so that it
+# cannot change without a test saying so. benchmarks/crossover.py measures it.
+CPU_LOOP_WINS = BACKEND in ("jax", "tensorflow")
+
+
+def _policy(T, S, lead=(8, 8), device="cpu", **overrides):
+    config.set_attention_block_size(None)
+    kw = dict(has_mask=False, has_bias=False, is_causal=True, needs_weights=False,
+              symbolic=False, device=device)
+    return _paths.select_implementation("auto", lead=lead, T=T, S=S, **{**kw, **overrides})
+
+
+@pytest.mark.parametrize("T,S,lead", [
+    (256, 256, (8, 8)),    # B=8, T=256, H=8: a training batch
+    (2048, 2048, (1, 4)),  # B=1, T=2048, H=4: one long sequence
+    (64, 64, (1, 1)),      # the smallest per-head score count that goes blockwise
+    (16, 1024, (2, 8)),    # a few queries over a long memory
+])
+def test_policy_on_this_backend_for_cpu_shapes(T, S, lead):
+    expected = "blockwise" if CPU_LOOP_WINS else "fused"
+    assert _policy(T, S, lead) == expected
+    assert _policy(T, S, lead, has_mask=True, is_causal=False) == expected
+    assert _policy(T, S, lead, has_soft_cap=True) == (
+        "blockwise" if CPU_LOOP_WINS else "explicit")
+
+
+def test_policy_keeps_the_fused_kernel_for_small_scores_gpus_and_unknown_lengths():
+    assert _policy(32, 32) == "fused"            # one head's scores below 64 x 64
+    assert _policy(63, 64) == "fused"
+    assert _policy(32, 32, has_soft_cap=True) == "explicit"
+    for device in ("gpu", "cuda", "tpu"):        # cuDNN / flash kernels there
+        assert _policy(2048, 2048, (1, 4), device=device) == "fused"
+    assert _policy(None, 2048, (1, 4)) == "fused"  # blockwise needs static lengths
+    # Scores that don't fit go blockwise on every backend and device, except
+    # unmasked PyTorch, whose SDPA flash kernel is linear in memory.
+    huge = dict(T=8192, S=8192, lead=(1, 4), device="gpu")
+    assert _policy(**huge, has_mask=True) == "blockwise"
+    assert _policy(**huge) == ("fused" if BACKEND == "torch" else "blockwise")
+
+
+def test_a_set_threshold_replaces_the_policy():
+    config.set_blockwise_threshold(2**30)
+    assert _policy(2048, 2048, (1, 4)) == "fused"
+    config.set_blockwise_threshold(100)
+    assert _policy(16, 16, (1, 1), has_mask=True) == "blockwise"
+    config.set_blockwise_threshold(None)
+    assert _policy(2048, 2048, (1, 4)) == ("blockwise" if CPU_LOOP_WINS else "fused")
+
+
+def test_block_size_follows_the_shape_unless_set():
+    config.set_attention_block_size(None)
+    size = _paths.block_size_for
+    assert size((1, 4), 4096, 4096) == 512               # 4 x 512^2 = 2^20 scores a tile
+    assert size((1, 4), 4096, 4096, banded=True) == 256  # causal / windowed: half the tile
+    assert size((2, 4), 4096, 4096) == 256
+    assert size((8, 8), 256, 256) == 128
+    assert size((64, 64), 256, 256) == 128               # never below the smallest
+    assert size((None, 4), 4096, 4096) == 512            # an unknown batch counts as 1
+    config.set_attention_block_size(64)
+    assert size((1, 4), 4096, 4096) == 64
+
+
+def test_auto_takes_the_policy_path_in_a_real_call():
+    """End to end on this machine's device (the tests run on CPUs)."""
+    config.set_attention_block_size(None)
+    g = rng(3)
+    q, k, v = randn(g, 1, 1, 64, 4), randn(g, 1, 1, 64, 4), randn(g, 1, 1, 64, 4)
+    out = sdpa(q, k, v, is_causal=True)
+    cpu = _paths.device_kind(keras.ops.convert_to_tensor(q)) == "cpu"
+    assert _taken() == {"blockwise" if CPU_LOOP_WINS and cpu else "fused": 1}
+    expected, _ = reference.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert_close(out, expected)
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.function input signatures")

@@ -49,12 +49,11 @@ def examples(fraction):
 def _small_blocks():
     """Blocks of 4 (several, partial blocks at these lengths); `auto` goes
     blockwise above 64 scores. Restored after the module."""
-    size, threshold = config.attention_block_size(), config.blockwise_threshold()
     config.set_attention_block_size(4)
     config.set_blockwise_threshold(64)
     yield
-    config.set_attention_block_size(size)
-    config.set_blockwise_threshold(threshold)
+    config.set_attention_block_size(None)  # back to the policy's own choices
+    config.set_blockwise_threshold(None)
 
 
 def attend(p, q, k, v, mask, bias, path=None, is_causal=None):
@@ -417,3 +416,52 @@ def test_a_huge_soft_cap_is_no_cap(p):
     none = dataclasses.replace(p, soft_cap=None)
     close(attend(huge, q, k, v, mask, bias), attend(none, q, k, v, mask, bias), p.dtype,
           f"{p.implementation}: c = 1e6 vs no cap")
+
+
+# ----------------------------------------------------------------------------
+# Cached decoding: prefill, then the rest in random chunks, equals the full forward.
+
+
+@st.composite
+def cached_decoding_cases(draw):
+    """(layer options, B, T, S_max, chunk lengths summing to T, seed)."""
+    num_heads = draw(st.sampled_from([1, 2, 4]))
+    options = dict(
+        num_heads=num_heads,
+        key_dim=2 * draw(st.integers(1, 2)),  # even: RoPE rotates pairs
+        num_key_value_heads=draw(st.sampled_from([h for h in (1, 2, 4) if num_heads % h == 0])),
+        rope_max_wavelength=draw(st.sampled_from([None, 100.0])),
+        rope_interleaved=draw(st.booleans()),
+        sliding_window=draw(st.none() | st.integers(1, 4)),
+        qk_norm=draw(st.sampled_from([None, "rms"])),
+        implementation=draw(st.sampled_from(("auto",) + PATHS)),
+    )
+    B, T = draw(st.integers(1, 2)), draw(st.integers(1, 7))
+    chunks, left = [], T
+    while left:
+        chunks.append(draw(st.integers(1, left)))
+        left -= chunks[-1]
+    S_max = T + draw(st.integers(0, 3))  # unwritten slots at the end
+    return options, B, T, S_max, chunks, draw(st.integers(0, 2**16))
+
+
+@examples(0.5)
+@given(cached_decoding_cases())
+def test_prefill_then_random_chunks_equal_the_full_forward(case):
+    options, B, T, S_max, chunks, seed = case
+    g = np.random.default_rng(seed)
+    x = g.standard_normal((B, T, 3)).astype("float32")
+    layer = keras_attn.MultiHeadAttention(**options)
+    layer.build(x.shape)
+    randomize_weights(layer, seed=seed)
+    full = to_numpy(layer(x, use_causal_mask=True))
+    cache = keras_attn.empty_cache(layer, B, S_max)
+    # Slots not yet written hold NaN: attending one would show in the output.
+    cache = ops.convert_to_tensor(np.full(tuple(cache.shape), np.nan, "float32"))
+    start = 0
+    for length in chunks:
+        out, cache = layer(x[:, start:start + length], cache=cache, cache_update_index=start,
+                           use_causal_mask=True)
+        assert_close(out, full[:, start:start + length],
+                     what=f"rows {start}:{start + length} of chunks {chunks}")
+        start += length

@@ -9,6 +9,7 @@ from keras_attn._paths import (
     attend,
     check_implementation,
     combine_masks,
+    device_kind,
     fused_attention_bthd,
     select_implementation,
 )
@@ -463,7 +464,7 @@ class MultiHeadAttention(keras.layers.Layer):
             has_bias=False, is_causal=is_causal, needs_weights=needs_weights,
             symbolic=isinstance(query, keras.KerasTensor),
             has_window=window is not None,
-            has_soft_cap=self.logit_soft_cap is not None)
+            has_soft_cap=self.logit_soft_cap is not None, device=device_kind(query))
 
         q, k, v, new_cache = self._project(query, key, value, cache, cache_update_index)
         scale = 1.0 / math.sqrt(d_k)

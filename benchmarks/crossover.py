@@ -1,0 +1,290 @@
+"""Benchmark: where the blockwise path overtakes the fused kernel, per backend.
+
+    python -m benchmarks.crossover                       # current backend, default grid
+    python -m benchmarks.crossover --backend jax --quick  # a few small points
+    python -m benchmarks.crossover --backend tensorflow --json tf.json --plot tf.png
+
+The functional core `keras_attn.scaled_dot_product_attention` on float32
+`(B, H, T, d)` tensors, at every point of a grid of series (batch B, heads
+H, head width d, causal or not, with or without a padding mask, T = S or
+T != S), each series swept over the query length T. At each point the
+contenders are:
+
+- `fused`: `implementation="fused"` (`keras.ops.dot_product_attention`);
+- `block-N`: `implementation="blockwise"` with `attention_block_size` N
+  (N in `--block-sizes`, clamped to the sequence; clamped duplicates run once);
+- `explicit`: `implementation="explicit"` (materialised weights);
+- `auto`: `implementation="auto"` under the current policy, with the path it
+  took (`keras_attn._paths.paths_taken`).
+
+Steps: `forward`, and `train` = forward + gradients of `mean(out**2)` with
+respect to q, k and v. Execution is compiled as users train: `jax.jit` on
+JAX, `tf.function(jit_compile=True)` on TensorFlow (`--no-tf-xla` for plain
+graphs), eager on PyTorch (`torch.no_grad()` for the forward, with
+`OMP_WAIT_POLICY=PASSIVE`, see benchmarks/README.md). Each (point, step)
+runs in a fresh process that builds every contender, calls each once
+(trace / compile), then times them in turn (A B C ... A B C ...) for at
+least `--repeats` rounds, and more (up to 60) while the rounds fit in
+`--budget-s` seconds, so that machine noise hits them alike; medians are
+reported.
+
+The table gives each contender's median over the best of fused and
+blockwise at that point ("/ best"), and `auto`'s ratio; the plot (with
+matplotlib) shows best-blockwise / fused over T for every series.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+BLOCK_SIZES = (128, 256, 512)
+AUTO_TARGET = 1.05  # auto / best of fused and blockwise, at every point
+
+# name -> (B, H, d, causal, padding mask, lengths T, key length S or None for S = T)
+SERIES = {
+    "B8 H8 d32 causal": (8, 8, 32, True, False, (32, 64, 128, 256, 512, 1024), None),
+    "B1 H4 d64 causal": (1, 4, 64, True, False, (128, 256, 512, 1024, 2048, 4096), None),
+    "B1 H4 d64 full": (1, 4, 64, False, False, (128, 512, 1024, 2048), None),
+    "B2 H4 d64 causal pad": (2, 4, 64, True, True, (256, 1024, 2048), None),
+    "B1 H4 d128 causal": (1, 4, 128, True, False, (256, 1024, 2048), None),
+    "B2 H8 d64 cross S=1024": (2, 8, 64, False, True, (1, 4, 16, 128, 512), 1024),
+}
+QUICK_SERIES = {
+    "B8 H8 d32 causal": (8, 8, 32, True, False, (64, 256), None),
+    "B1 H4 d64 causal": (1, 4, 64, True, False, (256, 1024), None),
+    "B2 H8 d64 cross S=1024": (2, 8, 64, False, True, (16,), 1024),
+}
+
+
+def contenders(T, S, block_sizes):
+    """Contender names at one point: fused, distinct clamped block sizes, explicit, auto."""
+    blocks = sorted({min(n, max(T, S)) for n in block_sizes})
+    return ["fused", *(f"block-{n}" for n in blocks), "explicit", "auto"]
+
+
+# ----------------------------------------------------------------------------
+# Worker side: one point and step, in its own process.
+
+
+def _point_inputs(B, H, d, T, S, padded):
+    import numpy as np
+
+    g = np.random.default_rng(0)
+    q = g.standard_normal((B, H, T, d)).astype("float32")
+    k, v = (g.standard_normal((B, H, S, d)).astype("float32") for _ in range(2))
+    mask = None
+    if padded:  # the last quarter of the keys of every other example is padding
+        mask = np.ones((B, 1, 1, S), bool)
+        mask[::2, ..., S - S // 4:] = False
+    return (q, k, v), mask
+
+
+def time_worker(spec):
+    import keras
+    from keras import ops
+
+    from benchmarks.modern import _core_fn
+    from keras_attn import _paths, config
+
+    backend = keras.backend.backend()
+    B, H, d, T, S = (spec[n] for n in ("B", "H", "d", "T", "S"))
+    arrays, mask = _point_inputs(B, H, d, T, S, spec["padded"])
+    mask = None if mask is None else ops.convert_to_tensor(mask)
+    runs, paths = {}, {}
+    for name in spec["names"]:
+        impl = "blockwise" if name.startswith("block-") else name
+        # `auto` (and fused/explicit) run with no block size set: the policy's own choice.
+        block = int(name.split("-")[1]) if name.startswith("block-") else None
+        kwargs = {"is_causal": spec["causal"], "implementation": impl, "mask": mask}
+        fn = _core_fn(backend, spec["step"], kwargs, arrays, spec["tf_xla"])
+
+        def run(fn=fn, block=block):
+            # Read at trace time (and at every eager call on PyTorch).
+            config.set_attention_block_size(block)
+            return fn()
+
+        _paths.paths_taken.clear()
+        run()  # trace / compile
+        paths[name] = "+".join(sorted(_paths.paths_taken)) or "-"
+        runs[name] = run
+    config.set_attention_block_size(None)
+    # Rounds: at least `repeats`, more (up to 60) while a round is short, so that
+    # millisecond-scale points get enough samples for a stable median.
+    start = time.perf_counter()
+    for run in runs.values():
+        run()
+    round_s = time.perf_counter() - start
+    rounds = max(spec["repeats"], min(60, int(spec["budget_s"] / max(round_s, 1e-6))))
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {"median_s": {n: statistics.median(t) for n, t in times.items()}, "paths": paths,
+            "rounds": rounds}
+
+
+def worker(spec):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ["KERAS_BACKEND"] = spec["backend"]
+    if spec["backend"] == "torch":
+        # Before torch is imported; see benchmarks/README.md (OpenMP on a loaded machine).
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    print("RESULT " + json.dumps(time_worker(spec)), flush=True)
+
+
+# ----------------------------------------------------------------------------
+# Driver side.
+
+
+def _spawn(spec, timeout):
+    cmd = [sys.executable, "-m", "benchmarks.crossover", "--worker", json.dumps(spec)]
+    env = {**os.environ, "KERAS_BACKEND": spec["backend"]}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout}s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    return {"error": f"exit {proc.returncode}: {tail[0][:300]}"}
+
+
+def best_of(medians):
+    """(best fused-or-blockwise name, its time)."""
+    candidates = {n: t for n, t in medians.items() if n == "fused" or n.startswith("block-")}
+    name = min(candidates, key=candidates.get)
+    return name, candidates[name]
+
+
+def run_grid(args):
+    series = QUICK_SERIES if args.quick else SERIES
+    if args.series:
+        series = {k: v for k, v in SERIES.items() if any(s in k for s in args.series.split(","))}
+    points = []
+    for label, (B, H, d, causal, padded, lengths, S) in series.items():
+        for T in lengths:
+            for step in args.steps.split(","):
+                if step == "train" and T > args.train_max_t:
+                    continue
+                points.append({"series": label, "B": B, "H": H, "d": d, "T": T, "S": S or T,
+                               "causal": causal, "padded": padded, "step": step})
+    results = []
+    start_all = time.perf_counter()
+    for i, point in enumerate(points, 1):
+        spec = {**point, "backend": args.backend, "repeats": args.repeats,
+                "budget_s": args.budget_s,
+                "tf_xla": not args.no_tf_xla,
+                "names": contenders(point["T"], point["S"], args.block_sizes)}
+        start = time.perf_counter()
+        out = _spawn(spec, args.timeout)
+        results.append({**point, **out})
+        if "error" in out:
+            status = out["error"]
+        else:
+            best, t_best = best_of(out["median_s"])
+            status = (f"best {best} {t_best * 1e3:.1f} ms, fused x{out['median_s']['fused'] / t_best:.2f}, "
+                      f"auto x{out['median_s']['auto'] / t_best:.2f} ({out['paths']['auto']})")
+        print(f"[{args.backend} {i}/{len(points)}] {point['series']} T={point['T']} S={point['S']} "
+              f"{point['step']}: {status} [{time.perf_counter() - start:.0f} s, "
+              f"{time.perf_counter() - start_all:.0f} s total]", flush=True)
+    return results
+
+
+def table(results, backend):
+    lines = [f"| series | T | S | step | fused ms | best blockwise | blockwise / fused | "
+             f"explicit / best | auto path | auto / best | <= {AUTO_TARGET} |",
+             "|---|---:|---:|---|---:|---|---:|---:|---|---:|---|"]
+    worst = 0.0
+    for r in results:
+        head = f"| {r['series']} | {r['T']} | {r['S']} | {r['step']} |"
+        if "error" in r:
+            lines.append(f"{head} {r['error']} | | | | | | |")
+            continue
+        m = r["median_s"]
+        blocks = {n: t for n, t in m.items() if n.startswith("block-")}
+        block = min(blocks, key=blocks.get)
+        _, t_best = best_of(m)
+        auto = m["auto"] / t_best
+        worst = max(worst, auto)
+        lines.append(f"{head} {m['fused'] * 1e3:.1f} | {block} {blocks[block] * 1e3:.1f} ms | "
+                     f"{blocks[block] / m['fused']:.2f} | {m['explicit'] / t_best:.2f} | "
+                     f"{r['paths']['auto']} | {auto:.2f} | "
+                     f"{'yes' if auto <= AUTO_TARGET else '**no**'} |")
+    lines.append("")
+    lines.append(f"{backend}: worst auto / best = {worst:.2f} (target <= {AUTO_TARGET})")
+    return "\n".join(lines)
+
+
+def plot(results, backend, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot written", flush=True)
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, step in zip(axes, ("forward", "train")):
+        for label in dict.fromkeys(r["series"] for r in results):
+            pts = [(r["T"], min(t for n, t in r["median_s"].items() if n.startswith("block-"))
+                    / r["median_s"]["fused"])
+                   for r in results if r["series"] == label and r["step"] == step and "median_s" in r]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("query length T")
+        ax.set_title(f"{backend} {step}")
+    axes[0].set_ylabel("best blockwise time / fused time")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot written to {path}", flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "jax"),
+                        choices=("tensorflow", "jax", "torch"))
+    parser.add_argument("--quick", action="store_true", help="a few small points, 3 repeats")
+    parser.add_argument("--series", help="comma-separated substrings of series names to run")
+    parser.add_argument("--steps", default="forward,train")
+    parser.add_argument("--block-sizes", default=",".join(map(str, BLOCK_SIZES)),
+                        type=lambda s: tuple(int(n) for n in s.split(",")))
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--train-max-t", type=int, default=2048,
+                        help="longest T timed for the train step (longer: forward only)")
+    parser.add_argument("--budget-s", type=float, default=4.0,
+                        help="timed seconds per point and step (more rounds while they are short)")
+    parser.add_argument("--no-tf-xla", action="store_true")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per point")
+    parser.add_argument("--json")
+    parser.add_argument("--plot")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(json.loads(args.worker))
+        return
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 7
+    results = run_grid(args)
+    print()
+    print(table(results, args.backend))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"backend": args.backend, "results": results}, f, indent=1)
+    if args.plot:
+        plot(results, args.backend, args.plot)
+
+
+if __name__ == "__main__":
+    main()
