@@ -125,7 +125,7 @@ def run(args):
 
     from keras_attn import _device
     from keras_attn.demo.data import VOCAB_SIZE, decode_tokens, make_split
-    from keras_attn.demo.decode import exact_match, greedy_decode
+    from keras_attn.demo.decode import cached_decode, exact_match, greedy_decode
     from keras_attn.demo.model import build_model, compile_for_training
 
     start = time.perf_counter()
@@ -193,6 +193,13 @@ def run(args):
               f"{decode_tokens(predicted[i]):>{args.max_length}}  "
               f"(target {decode_tokens(test_targets[i])}) {mark}")
 
+    # The same decoding through keras_attn.generation.generate, with a key/value
+    # cache per decoder layer: it must give the same sequences.
+    cached = cached_decode(model, test_sources, target_length)
+    agree = exact_match(cached, predicted)
+    print(f"cached decoding (generate, key/value caches) gives the same sequences as "
+          f"uncached: {'yes' if agree.all() else 'NO'} ({int(agree.sum())} of {len(agree)})")
+
     path = os.path.join(args.output, f"{args.task}.keras")
     model.save(path)
     reloaded = keras.saving.load_model(path)
@@ -201,6 +208,9 @@ def run(args):
     print(f"saved {path}; reloaded model decodes identically: {'yes' if same else 'NO'}")
     total = time.perf_counter() - start
     print(f"time: {fit_seconds:.0f} s training, {total:.0f} s in all")
+    if not agree.all():
+        return _fail(f"cached decoding differs from uncached decoding on "
+                     f"{int((~agree).sum())} of {len(agree)} held-out sequences")
     if not same:
         differ = int(np.sum(np.any(predicted != again, axis=-1)))
         return _fail(f"the reloaded model decodes {differ} of {len(correct)} held-out "
