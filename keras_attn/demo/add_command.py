@@ -8,8 +8,10 @@ import numpy as np
 __all__ = ["ADD_DEFAULTS", "run_add"]
 
 # The add task's defaults for the options shared with the other tasks.
-ADD_DEFAULTS = {"epochs": 5, "num_train": 40000, "num_test": 1000, "model_dim": 64,
-                "num_layers": 2, "batch_size": 128, "learning_rate": 3e-3}
+# Three layers: with two, some seeds stall at ~78% answer-token accuracy (one digit
+# position unlearned); three reach 100% on the seeds tried, in about the same time.
+ADD_DEFAULTS = {"epochs": 6, "num_train": 40000, "num_test": 1000, "model_dim": 64,
+                "num_layers": 3, "batch_size": 128, "learning_rate": 3e-3}
 
 
 def _progress_callback(every_seconds, steps_per_epoch):

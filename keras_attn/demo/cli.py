@@ -53,7 +53,7 @@ def add_arguments(parser):
                              "reverse); 'add': a decoder-only model learns addition "
                              "('123+458=' -> '581', answer written reversed)")
     parser.add_argument("--epochs", type=_positive_int, default=None,
-                        help="training epochs (default: 4, add: 5; 1 gives a quick smoke run)")
+                        help="training epochs (default: 4, add: 6; 1 gives a quick smoke run)")
     parser.add_argument("--seed", type=int, default=0, help="data and weights seed (default: 0)")
     parser.add_argument("--output", default="keras-attn-demo", metavar="DIR",
                         help="where the .keras model is saved (default: ./keras-attn-demo)")
@@ -70,7 +70,7 @@ def add_arguments(parser):
                         help="model width, a multiple of the 4 heads (default: 64)")
     parser.add_argument("--num-layers", type=_positive_int, default=None,
                         help="encoder layers, and as many decoder layers; add: decoder "
-                             "layers (default: 2)")
+                             "layers (default: 2, add: 3)")
     parser.add_argument("--batch-size", type=_positive_int, default=None,
                         help="training batch size (default: 128)")
     parser.add_argument("--learning-rate", type=_positive_float, default=None,
