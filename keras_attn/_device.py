@@ -206,7 +206,7 @@ def compile_inference(fn):
     if name == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(fn, reduce_retracing=True)
+        return tf.function(fn)  # one trace per input shape (the cache needs a static S_max)
     if name == "torch":
         import torch
 
