@@ -10,7 +10,7 @@ import platform
 
 import keras
 
-__all__ = ["allow_tf32", "describe", "disable_tf32", "gpu_available",
+__all__ = ["allow_tf32", "compile_inference", "describe", "disable_tf32", "gpu_available",
            "single_cpu_thread_for_small_ops", "value_and_grad"]
 
 
@@ -188,3 +188,31 @@ def value_and_grad(fn, args):
         return float(out.detach().cpu()), [g.detach().cpu().numpy() for g in grads]
     raise RuntimeError(f"the {name} backend cannot compute gradients")
 
+
+def compile_inference(fn):
+    """`fn` as one compiled program for inference: `jax.jit` on JAX, `tf.function`
+    on TensorFlow; on PyTorch eager under `torch.no_grad()`; unchanged on NumPy.
+
+    Layers called inside `fn` have their weights read at trace time (JAX) or
+    as captured variables (TensorFlow): use it for inference, not training.
+    Call it with tensors or NumPy arrays of fixed shapes (each new shape traces
+    again).
+    """
+    name = _backend()
+    if name == "jax":
+        import jax
+
+        return jax.jit(fn)
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn)  # one trace per input shape (the cache needs a static S_max)
+    if name == "torch":
+        import torch
+
+        def no_grad(*args, **kwargs):
+            with torch.no_grad():
+                return fn(*args, **kwargs)
+
+        return no_grad
+    return fn

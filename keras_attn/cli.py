@@ -16,7 +16,8 @@ COMMANDS = {
     "parity": ("keras_attn.parity.cli",
                "run the same cases on every backend and compare them with each other "
                "and with the float64 reference"),
-    "demo": ("keras_attn.demo", "train an encoder-decoder Transformer to reverse digit sequences"),
+    "demo": ("keras_attn.demo", "train an encoder-decoder Transformer to reverse digit "
+                                 "sequences (or, with --task add, a decoder-only one to add)"),
 }
 
 

@@ -11,7 +11,11 @@ import numpy as np
 
 __all__ = ["add_arguments", "run"]
 
-_TASKS = ("reverse", "sort", "copy")
+_TASKS = ("reverse", "sort", "copy", "add")
+# Defaults of the sequence tasks (reverse, sort, copy); `add` has its own
+# (keras_attn.demo.add_command.ADD_DEFAULTS).
+_DEFAULTS = {"epochs": 4, "num_train": 16000, "num_test": 1000, "model_dim": 64,
+             "num_layers": 2, "batch_size": 128, "learning_rate": 3e-3}
 
 
 def _positive_int(text):
@@ -45,25 +49,31 @@ def _positive_float(text):
 def add_arguments(parser):
     """The demo's options; defaults reach >= 95% on reversal in minutes on a CPU."""
     parser.add_argument("--task", choices=_TASKS, default="reverse",
-                        help="what the model learns to do to a digit sequence (default: reverse)")
-    parser.add_argument("--epochs", type=_positive_int, default=4,
-                        help="training epochs (default: 4; 1 gives a quick smoke run)")
+                        help="what the model learns to do to a digit sequence (default: "
+                             "reverse); 'add': a decoder-only model learns addition "
+                             "('123+458=' -> '581', answer written reversed)")
+    parser.add_argument("--epochs", type=_positive_int, default=None,
+                        help="training epochs (default: 4, add: 6; 1 gives a quick smoke run)")
     parser.add_argument("--seed", type=int, default=0, help="data and weights seed (default: 0)")
     parser.add_argument("--output", default="keras-attn-demo", metavar="DIR",
                         help="where the .keras model is saved (default: ./keras-attn-demo)")
-    parser.add_argument("--num-train", type=_positive_int, default=16000,
-                        help="training sequences (default: 16000)")
-    parser.add_argument("--num-test", type=_positive_int, default=1000,
+    parser.add_argument("--num-train", type=_positive_int, default=None,
+                        help="training sequences (default: 16000, add: 40000)")
+    parser.add_argument("--num-test", type=_positive_int, default=None,
                         help="held-out sequences, never seen in training (default: 1000)")
     parser.add_argument("--max-length", type=_positive_int, default=10,
-                        help="longest sequence; lengths vary from 2 (default: 10)")
-    parser.add_argument("--model-dim", type=_model_dim, default=64,
+                        help="longest sequence; lengths vary from 2 (default: 10; "
+                             "not for add)")
+    parser.add_argument("--digits", type=_positive_int, default=3,
+                        help="add only: digits of each operand (default: 3)")
+    parser.add_argument("--model-dim", type=_model_dim, default=None,
                         help="model width, a multiple of the 4 heads (default: 64)")
-    parser.add_argument("--num-layers", type=_positive_int, default=2,
-                        help="encoder layers, and as many decoder layers (default: 2)")
-    parser.add_argument("--batch-size", type=_positive_int, default=128,
+    parser.add_argument("--num-layers", type=_positive_int, default=None,
+                        help="encoder layers, and as many decoder layers; add: decoder "
+                             "layers (default: 2, add: 3)")
+    parser.add_argument("--batch-size", type=_positive_int, default=None,
                         help="training batch size (default: 128)")
-    parser.add_argument("--learning-rate", type=_positive_float, default=3e-3,
+    parser.add_argument("--learning-rate", type=_positive_float, default=None,
                         help="peak Adam learning rate (default: 0.003)")
     parser.add_argument("--examples", type=int, default=5,
                         help="held-out examples to print (default: 5)")
@@ -116,6 +126,12 @@ def _fail(message):
 
 def run(args):
     """Train, evaluate, save, reload and compare; 0 on success."""
+    from keras_attn.demo.add_command import ADD_DEFAULTS, run_add
+
+    defaults = ADD_DEFAULTS if args.task == "add" else _DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
     min_length = min(2, args.max_length)
     problem = _output_problem(args.output)
     if problem:
@@ -125,7 +141,7 @@ def run(args):
 
     from keras_attn import _device
     from keras_attn.demo.data import VOCAB_SIZE, decode_tokens, make_split
-    from keras_attn.demo.decode import exact_match, greedy_decode
+    from keras_attn.demo.decode import cached_decode, exact_match, greedy_decode
     from keras_attn.demo.model import build_model, compile_for_training
 
     start = time.perf_counter()
@@ -147,6 +163,10 @@ def run(args):
             return _fail(str(error))
         print(f"distribution: {description}")
     _device.single_cpu_thread_for_small_ops()
+    if args.task == "add":
+        if args.distribute:
+            return _fail("--distribute is for the sequence tasks, not --task add")
+        return run_add(args, _fail)
     keras.utils.set_random_seed(args.seed)
     try:
         train, test = make_split(args.task, args.num_train, args.num_test, min_length,
@@ -193,6 +213,13 @@ def run(args):
               f"{decode_tokens(predicted[i]):>{args.max_length}}  "
               f"(target {decode_tokens(test_targets[i])}) {mark}")
 
+    # The same decoding through keras_attn.generation.generate, with a key/value
+    # cache per decoder layer: it must give the same sequences.
+    cached = cached_decode(model, test_sources, target_length)
+    agree = exact_match(cached, predicted)
+    print(f"cached decoding (generate, key/value caches) gives the same sequences as "
+          f"uncached: {'yes' if agree.all() else 'NO'} ({int(agree.sum())} of {len(agree)})")
+
     path = os.path.join(args.output, f"{args.task}.keras")
     model.save(path)
     reloaded = keras.saving.load_model(path)
@@ -201,6 +228,9 @@ def run(args):
     print(f"saved {path}; reloaded model decodes identically: {'yes' if same else 'NO'}")
     total = time.perf_counter() - start
     print(f"time: {fit_seconds:.0f} s training, {total:.0f} s in all")
+    if not agree.all():
+        return _fail(f"cached decoding differs from uncached decoding on "
+                     f"{int((~agree).sum())} of {len(agree)} held-out sequences")
     if not same:
         differ = int(np.sum(np.any(predicted != again, axis=-1)))
         return _fail(f"the reloaded model decodes {differ} of {len(correct)} held-out "

@@ -19,7 +19,8 @@ import numpy as np
 from keras_attn.testing import reference
 from keras_attn.testing.layout import LAYOUT
 
-__all__ = ["CASES", "Case", "case_arrays", "cotangent", "get_cases", "reference_result"]
+__all__ = ["CASES", "Case", "case_arrays", "cotangent", "get_cases", "has_gradients",
+           "reference_result"]
 
 SEED = 20240607
 WEIGHT_SCALE = 0.5
@@ -34,6 +35,12 @@ class Case:
     shapes: name -> shape of each differentiable float input.
     masks: name -> a function of a NumPy Generator returning a bool array.
     call: extra call keyword arguments (non-array, for example causal flags).
+        `cached_prefill: P` runs the layer with a key/value cache: the first
+        P tokens in one call, then one token per call; the reference is the
+        uncached forward (causal self-attention). These cases compare
+        outputs only: cached decoding is inference, and TensorFlow has no
+        gradient for the `slice_update` that writes the cache
+        (XlaDynamicUpdateSlice).
     """
 
     name: str
@@ -154,6 +161,28 @@ CASES = (
           "use_bias": False, "gated_feed_forward": True, "activation": "silu",
           "layer_norm_epsilon": 1e-6},
          {"inputs": (B, T, D)}),
+    # Cached decoding: a prefill of the first tokens, then one token per call over a
+    # key/value cache; the outputs, concatenated, against the uncached reference.
+    Case("mha_cached_gqa_rope", "mha",
+         "MultiHeadAttention with a cache: GQA 4/2 heads + RoPE, prefill 2 tokens, then "
+         "2 one-token steps",
+         {"num_heads": 4, "key_dim": 2, "num_key_value_heads": 2, "rope_max_wavelength": 100.0},
+         {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 2}),
+    Case("decoder_llama_cached", "decoder",
+         "TransformerDecoderLayer with a cache: Llama-style block, sliding window 3, "
+         "prefill 1 token, then 3 one-token steps",
+         {"num_heads": 4, "intermediate_dim": 12, "num_key_value_heads": 2,
+          "rope_max_wavelength": 10000.0, "normalization": "rms", "normalize_first": True,
+          "use_bias": False, "gated_feed_forward": True, "activation": "silu",
+          "sliding_window": 3},
+         {"inputs": (B, T, D)}, call={"cached_prefill": 1}),
+    Case("decoder_cross_cached", "decoder",
+         "TransformerDecoderLayer with self- and cross-attention caches: post-LN, memory "
+         "width 6 with padding, prefill 3 tokens (filling the cross cache), then 1 step",
+         {"num_heads": 2, "intermediate_dim": 16},
+         {"inputs": (B, T, D), "memory": (B, S, 6)},
+         masks={"memory_padding_mask": lambda g: _padding([S, 2], S)},
+         call={"cached_prefill": 3}),
 )
 
 # Constructor arguments that configure the attention itself (the reference takes them too).
@@ -269,6 +298,11 @@ def case_arrays(case, seed=SEED):
     return inputs, masks, weights
 
 
+def has_gradients(case):
+    """Whether the case compares gradients (cached-decoding cases compare outputs only)."""
+    return "cached_prefill" not in case.call
+
+
 def cotangent(case, shape, seed=SEED):
     """The fixed weights of the scalar loss `sum(output * cotangent)`."""
     g = np.random.default_rng([seed, _stable_hash(case.name), 1])
@@ -338,6 +372,8 @@ def reference_result(case, inputs, masks, weights, step=1e-5):
     out = reference_forward(case, inputs, masks, weights)
     cot = cotangent(case, out.shape).astype(np.float64)
     result = {"output": out}
+    if not has_gradients(case):
+        return result
 
     def loss_with(group, name):
         def loss(array):

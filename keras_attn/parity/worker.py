@@ -27,7 +27,7 @@ import numpy as np
 
 import keras_attn
 from keras_attn import _device
-from keras_attn.parity.cases import cotangent, get_cases
+from keras_attn.parity.cases import cotangent, get_cases, has_gradients
 from keras_attn.testing.weights import named_variables
 
 NO_GPU_EXIT = 2
@@ -83,6 +83,8 @@ def _forward(case, layer, dtype, inputs, masks):
 
 
     call = case.call
+    if "cached_prefill" in call:
+        return _cached_forward(case, layer, inputs, masks)
     if case.kind == "sdpa":
         cast = {n: keras.ops.cast(v, dtype) for n, v in inputs.items()}
         return keras_attn.scaled_dot_product_attention(
@@ -102,6 +104,41 @@ def _forward(case, layer, dtype, inputs, masks):
                  use_causal_mask=call.get("use_causal_mask", True), **kwargs)
 
 
+def _cached_forward(case, layer, inputs, masks):
+    """Prefill `cached_prefill` tokens, then one token per call over a key/value cache.
+
+    Returns the outputs of every call concatenated along the sequence axis:
+    for a causal layer they equal the uncached forward over all T tokens.
+    """
+    ops = keras.ops
+    x = inputs["query" if case.kind == "mha" else "inputs"]
+    B, T = x.shape[0], x.shape[1]
+    prefill = case.call["cached_prefill"]
+    bounds = [(0, prefill)] + [(t, t + 1) for t in range(prefill, T)]
+    outputs = []
+    if case.kind == "mha":
+        cache = layer.empty_cache(B, T)
+        for start, end in bounds:
+            part = x[:, start:end]
+            out, cache = layer(query=part, value=part, cache=cache, cache_update_index=start,
+                               use_causal_mask=case.call.get("use_causal_mask", False))
+            outputs.append(out)
+        return ops.concatenate(outputs, axis=1)
+    memory = inputs.get("memory")
+    caches = {"self_attention_cache": keras_attn.empty_cache(layer, B, T)}
+    if memory is not None:
+        caches["cross_attention_cache"] = layer.cross_attention.empty_cache(B, memory.shape[1])
+    for start, end in bounds:
+        first = start == 0 and memory is not None  # the prefill fills the cross cache
+        out, *new = layer(x[:, start:end], memory=memory if first else None,
+                          self_attention_cache_update_index=start,
+                          cross_attention_cache_update_index=0 if first else None,
+                          **masks, **caches)
+        caches = dict(zip(caches, new, strict=True))
+        outputs.append(out)
+    return ops.concatenate(outputs, axis=1)
+
+
 def run_case(case, dtype, inputs, masks, weights, gradients):
     """{"output": ..., "grad/<name>": ...} as float32 NumPy arrays."""
 
@@ -111,7 +148,7 @@ def run_case(case, dtype, inputs, masks, weights, gradients):
     out = keras.ops.convert_to_numpy(
         keras.ops.cast(_forward(case, layer, dtype, inputs, masks), "float32"))
     result = {"output": np.asarray(out, np.float32)}
-    if not gradients:
+    if not gradients or not has_gradients(case):
         return result
     cot = keras.ops.convert_to_tensor(cotangent(case, out.shape))
     names = list(inputs)

@@ -1,0 +1,297 @@
+"""Benchmark: per-token decode latency with a key/value cache vs recomputing the prefix.
+
+    python -m benchmarks.decode                         # every backend, default sizes
+    python -m benchmarks.decode --backend jax --quick   # small smoke sizes
+    python -m benchmarks.decode --json decode.json
+
+Model: a stack of 4 Llama-style `keras_attn.TransformerDecoderLayer`s (pre-RMSNorm,
+H=8 query heads over H_kv=2 key/value heads of width 64, RoPE, SwiGLU feed-forward of
+width 2D, no biases) at D=512 and B=1, float32, on embeddings (no vocabulary).
+
+- `cached`: after a prefill of the P=512-token prompt, N=256 one-token steps, each
+  one call of the compiled step `(x_t, caches, index) -> (y_t, caches)` over caches of
+  P + N slots; the median over the steps (and the mean).
+- `uncached`: the same token computed by running the stack over the whole prefix
+  (causal); timed at prefix lengths P, P + N/2 and P + N - 1. Its cost grows about
+  linearly over the run, so the per-token figure over the N steps is taken as the
+  mean of those three (the middle one is their mean's closest single point).
+- `keras-hub` (where `keras_hub` imports): one attention layer's cached step,
+  `keras_attn.MultiHeadAttention(num_heads=8, key_dim=64)` against keras-hub's
+  `CachedMultiHeadAttention` (same heads: it has no grouped-query option), the cache
+  filled to P, the slot mask built from the index inside the step for keras-hub.
+
+Execution: `jax.jit` on JAX (weights passed as arguments), `tf.function(
+jit_compile=True)` on TensorFlow, eager PyTorch under `torch.no_grad()`. Timing: one
+process per backend builds every contender and times them in turn, round after round
+(cached run, uncached lengths, keras-hub pair), after a warm-up call of each; medians
+over rounds. Target: cached per-token <= 1/5 of uncached on every backend.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+BACKENDS = ("tensorflow", "jax", "torch")
+TARGET = 0.2  # cached / uncached per-token time
+DEFAULTS = {"prompt": 512, "new": 256, "dim": 512, "layers": 4, "rounds": 3}
+QUICK = {"prompt": 64, "new": 32, "dim": 128, "layers": 2, "rounds": 2}
+HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
+
+
+# ----------------------------------------------------------------------------
+# Worker side.
+
+
+def _compile(backend, fn, variables):
+    """`fn(*args)` compiled for `backend`; JAX gets the weights as arguments."""
+    import keras
+
+    if backend == "jax":
+        import jax
+
+        def pure(values, *args):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
+                return fn(*args)
+
+        jitted = jax.jit(pure)
+        return lambda *args: jitted([v.value for v in variables], *args)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn, jit_compile=True)
+    import torch
+
+    def eager(*args):
+        with torch.no_grad():
+            return fn(*args)
+
+    return eager
+
+
+def _block(backend):
+    """Wait for the result (JAX dispatches asynchronously)."""
+    if backend == "jax":
+        import jax
+
+        return lambda tree: jax.block_until_ready(tree)
+    return lambda tree: tree
+
+
+def _stack(spec):
+    import keras
+
+    import keras_attn
+
+    D, layers = spec["dim"], spec["layers"]
+    keras.utils.set_random_seed(0)
+    stack = []
+    for i in range(layers):
+        layer = keras_attn.TransformerDecoderLayer(
+            HEADS, key_dim=HEAD_DIM, intermediate_dim=2 * D, num_key_value_heads=KV_HEADS,
+            rope_max_wavelength=10000.0, normalization="rms", normalize_first=True,
+            gated_feed_forward=True, activation="silu", use_bias=False, name=f"decoder_{i}")
+        layer.build((1, None, D))
+        stack.append(layer)
+    return stack
+
+
+def _timed(fn, block):
+    start = time.perf_counter()
+    block(fn())
+    return time.perf_counter() - start
+
+
+def _stack_part(spec, rounds_out):
+    import numpy as np
+    from keras import ops
+
+    import keras_attn
+
+    backend, P, N, D = spec["backend"], spec["prompt"], spec["new"], spec["dim"]
+    stack = _stack(spec)
+    variables = [v for layer in stack for v in layer.weights]
+    block = _block(backend)
+    rng = np.random.default_rng(0)
+    x = ops.convert_to_tensor(rng.standard_normal((1, P + N, D)).astype("float32"))
+
+    def step(x_t, caches, index):
+        new = []
+        for layer, cache in zip(stack, caches, strict=True):
+            x_t, cache = layer(x_t, self_attention_cache=cache,
+                               self_attention_cache_update_index=index)
+            new.append(cache)
+        return x_t, new
+
+    def full(prefix):
+        for layer in stack:
+            prefix = layer(prefix)
+        return prefix[:, -1:]
+
+    cached_step = _compile(backend, step, variables)
+    uncached = _compile(backend, full, variables)
+    empty = [keras_attn.empty_cache(layer, 1, P + N) for layer in stack]
+    zero = ops.convert_to_tensor(0, "int32")
+    _, filled = block(cached_step(x[:, :P], empty, zero))  # prefill (compiles that shape)
+    lengths = (P, P + N // 2, P + N - 1)
+    prefixes = {n: x[:, :n] for n in lengths}
+    indices = [ops.convert_to_tensor(P + t, "int32") for t in range(N)]
+    tokens = [x[:, P + t:P + t + 1] for t in range(N)]
+    # Warm-up: one compile per shape.
+    block(cached_step(tokens[0], filled, indices[0]))
+    for n in lengths:
+        block(uncached(prefixes[n]))
+    for _ in range(spec["rounds"]):
+        caches, steps = filled, []
+        for t in range(N):
+            start = time.perf_counter()
+            y, caches = cached_step(tokens[t], caches, indices[t])
+            block(y)
+            steps.append(time.perf_counter() - start)
+        rounds_out["cached_median"].append(statistics.median(steps))
+        rounds_out["cached_mean"].append(statistics.fmean(steps))
+        for n in lengths:
+            rounds_out[f"uncached_{n}"].append(_timed(lambda n=n: uncached(prefixes[n]), block))
+    return lengths
+
+
+def _hub_part(spec, rounds_out):
+    """keras_attn vs keras-hub's CachedMultiHeadAttention, one cached step, H = H_kv."""
+    try:
+        from keras_hub.layers import CachedMultiHeadAttention
+    except ImportError as error:
+        return f"keras-hub not installed here ({error})"
+    import numpy as np
+    from keras import ops
+
+    import keras_attn
+
+    backend, P, N, D = spec["backend"], spec["prompt"], spec["new"], spec["dim"]
+    heads = HEADS
+    S = P + N
+    ours = keras_attn.MultiHeadAttention(num_heads=heads, key_dim=HEAD_DIM)
+    hub = CachedMultiHeadAttention(num_heads=heads, key_dim=HEAD_DIM)
+    for layer in (ours, hub):
+        layer.build((1, 1, D), (1, 1, D))
+    rng = np.random.default_rng(1)
+    x_t = ops.convert_to_tensor(rng.standard_normal((1, 1, D)).astype("float32"))
+    cache = ops.convert_to_tensor(
+        rng.standard_normal((1, 2, S, heads, HEAD_DIM)).astype("float32"))
+    index = ops.convert_to_tensor(P, "int32")
+
+    def ours_step(x, cache, index):
+        return ours(x, x, cache=cache, cache_update_index=index, use_causal_mask=True)
+
+    def hub_step(x, cache, index):
+        mask = ops.expand_dims(ops.arange(S) <= index, 0)  # (1, S): written slots
+        mask = ops.expand_dims(mask, 0)  # (1, 1, S)
+        return hub(x, x, attention_mask=mask, cache=cache, cache_update_index=index)
+
+    block = _block(backend)
+    steps = {"keras_attn": _compile(backend, ours_step, ours.weights),
+             "keras_hub": _compile(backend, hub_step, hub.weights)}
+    for fn in steps.values():
+        block(fn(x_t, cache, index))
+    for _ in range(spec["rounds"]):
+        for name, fn in steps.items():
+            times = [_timed(lambda fn=fn: fn(x_t, cache, index), block) for _ in range(20)]
+            rounds_out[f"hub_{name}"].append(statistics.median(times))
+    return None
+
+
+def worker(spec):
+    import collections
+
+    from keras_attn import _device
+
+    _device.single_cpu_thread_for_small_ops()
+    rounds = collections.defaultdict(list)
+    lengths = _stack_part(spec, rounds)
+    hub_note = _hub_part(spec, rounds)
+    result = {name: statistics.median(values) * 1e3 for name, values in rounds.items()}
+    result["uncached_mean"] = statistics.fmean(result[f"uncached_{n}"] for n in lengths)
+    result["ratio"] = result["cached_median"] / result["uncached_mean"]
+    if hub_note is None:
+        result["hub_ratio"] = result["hub_keras_attn"] / result["hub_keras_hub"]
+    else:
+        result["hub_note"] = hub_note
+    result["lengths"] = list(lengths)
+    result["info"] = _device.describe()
+    return result
+
+
+# ----------------------------------------------------------------------------
+# Parent side.
+
+
+def run_backend(backend, spec, timeout):
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+    command = [sys.executable, "-m", "benchmarks.decode", "--worker",
+               json.dumps({**spec, "backend": backend})]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        return {"error": (done.stderr or done.stdout).strip().splitlines()[-1:]}
+    return json.loads(lines[-1])
+
+
+def table(results, spec):
+    P, N = spec["prompt"], spec["new"]
+    lines = [f"B=1, D={spec['dim']}, {spec['layers']} layers, H={HEADS}, H_kv={KV_HEADS}, "
+             f"prompt {P}, {N} new tokens; ms per token, medians of {spec['rounds']} rounds",
+             "",
+             "| backend | cached (median step) | uncached @ " + " / ".join(
+                 str(n) for n in (P, P + N // 2, P + N - 1))
+             + " | uncached mean | cached / uncached | target <= 0.20 "
+               "| keras_attn / keras-hub step |",
+             "|---|---:|---:|---:|---:|---|---|"]
+    for backend, r in results.items():
+        if "error" in r:
+            lines.append(f"| {backend} | error: {r['error']} | | | | | |")
+            continue
+        uncached = " / ".join(f"{r[f'uncached_{n}']:.1f}" for n in r["lengths"])
+        hub = (f"{r['hub_keras_attn']:.2f} / {r['hub_keras_hub']:.2f} ms = "
+               f"{r['hub_ratio']:.2f}" if "hub_ratio" in r else r["hub_note"])
+        lines.append(f"| {backend} | {r['cached_median']:.2f} | {uncached} | "
+                     f"{r['uncached_mean']:.1f} | {r['ratio']:.3f} | "
+                     f"{'met' if r['ratio'] <= TARGET else 'MISSED'} | {hub} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default=None,
+                        help=f"comma list of {','.join(BACKENDS)} (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small smoke sizes")
+    parser.add_argument("--rounds", type=int, default=None, help="timing rounds (default 3)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the results here")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per backend")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    spec = dict(QUICK if args.quick else DEFAULTS)
+    if args.rounds:
+        spec["rounds"] = args.rounds
+    backends = args.backend.split(",") if args.backend else list(BACKENDS)
+    results = {}
+    for backend in backends:
+        print(f"[decode] {backend} ...", file=sys.stderr, flush=True)
+        results[backend] = run_backend(backend, spec, args.timeout)
+    print(table(results, spec))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"spec": spec, "results": results}, f, indent=1)
+    return 0 if all("error" not in r and r["ratio"] <= TARGET for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
