@@ -76,12 +76,13 @@ def _known_scores(lead, T, S):
 
 # The measured part of the policy (benchmarks/crossover.py, benchmarks/README.md):
 # on a CPU, under JAX and TensorFlow, the blockwise loop is faster than the fused
-# kernel once one head's scores reach this many elements (64 x 64; at 64 x 64 the
-# forward times are equal and the train step is faster blockwise). XLA's CPU
-# attention materialises the logits and weights of every head and runs its
-# softmax through memory; blockwise tiles stay in cache, and causal attention
-# skips the blocks above the diagonal.
-CPU_BLOCKWISE_MIN_SCORES = 64 * 64
+# kernel once one head's scores reach 32 x 32 elements, with at least 16 queries.
+# XLA's CPU attention materialises the logits and weights of every head and runs
+# its softmax through memory; blockwise tiles stay in cache, and causal attention
+# skips the blocks above the diagonal (1.3-4x faster from T = 128 up). With only a
+# few query rows (decoding, T = 1 or 4) the loop costs more than it saves.
+CPU_BLOCKWISE_MIN_SCORES = 32 * 32
+CPU_BLOCKWISE_MIN_QUERIES = 16
 # The block length the blockwise path picks when none is set: the largest of
 # these whose tile of scores over the leading dims, `prod(lead) * block**2`,
 # stays within TILE_SCORES (4 MiB of float32, cache-sized), or half of it when
@@ -154,7 +155,8 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
        flash kernel is linear in memory already.
     4. Speed, measured (benchmarks/crossover.py): on a CPU under JAX or
        TensorFlow, blockwise once one head's scores `T * S` reach
-       `CPU_BLOCKWISE_MIN_SCORES` (64 x 64), with the block from
+       `CPU_BLOCKWISE_MIN_SCORES` (32 x 32) with at least
+       `CPU_BLOCKWISE_MIN_QUERIES` (16) queries, the block from
        `block_size_for`; everywhere else (PyTorch, whose CPU SDPA
        kernel is faster than a loop of ops; NumPy; any GPU or TPU, where the
        fused kernels are cuDNN/flash and no measurement here says otherwise)
@@ -207,7 +209,7 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
         return _taken(not_blockwise)
     device = device_kind() if device is None else device
     if (keras.backend.backend() in ("jax", "tensorflow") and device == "cpu"
-            and T * S >= CPU_BLOCKWISE_MIN_SCORES):
+            and T * S >= CPU_BLOCKWISE_MIN_SCORES and T >= CPU_BLOCKWISE_MIN_QUERIES):
         return _taken("blockwise")
     return _taken(not_blockwise)
 

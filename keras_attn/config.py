@@ -6,7 +6,7 @@
 section): blockwise when the scores of one call would exceed
 `DEFAULT_BLOCKWISE_THRESHOLD` elements, and below that the faster path on
 the backend and device (on a CPU under JAX or TensorFlow, blockwise from
-128 x 128 scores per head; elsewhere the fused kernel). The blockwise path
+32 x 32 scores per head and 16 queries; elsewhere the fused kernel). The blockwise path
 then picks its block length from the shape.
 
 Both settings below override the policy, process-wide, until set back to

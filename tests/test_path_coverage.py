@@ -75,8 +75,8 @@ def _policy(T, S, lead=(8, 8), device="cpu", **overrides):
 @pytest.mark.parametrize("T,S,lead", [
     (256, 256, (8, 8)),    # B=8, T=256, H=8: a training batch
     (2048, 2048, (1, 4)),  # B=1, T=2048, H=4: one long sequence
-    (64, 64, (1, 1)),      # the smallest per-head score count that goes blockwise
-    (16, 1024, (2, 8)),    # a few queries over a long memory
+    (32, 32, (1, 1)),      # the smallest per-head score count that goes blockwise
+    (16, 1024, (2, 8)),    # 16 queries over a long memory
 ])
 def test_policy_on_this_backend_for_cpu_shapes(T, S, lead):
     expected = "blockwise" if CPU_LOOP_WINS else "fused"
@@ -87,9 +87,11 @@ def test_policy_on_this_backend_for_cpu_shapes(T, S, lead):
 
 
 def test_policy_keeps_the_fused_kernel_for_small_scores_gpus_and_unknown_lengths():
-    assert _policy(32, 32) == "fused"            # one head's scores below 64 x 64
-    assert _policy(63, 64) == "fused"
-    assert _policy(32, 32, has_soft_cap=True) == "explicit"
+    assert _policy(16, 16) == "fused"            # one head's scores below 32 x 32
+    assert _policy(31, 32) == "fused"
+    assert _policy(4, 1024) == "fused"           # decoding: fewer than 16 queries
+    assert _policy(1, 4096, has_mask=True) == "fused"
+    assert _policy(16, 16, has_soft_cap=True) == "explicit"
     for device in ("gpu", "cuda", "tpu"):        # cuDNN / flash kernels there
         assert _policy(2048, 2048, (1, 4), device=device) == "fused"
     assert _policy(None, 2048, (1, 4)) == "fused"  # blockwise needs static lengths
@@ -126,7 +128,7 @@ def test_auto_takes_the_policy_path_in_a_real_call():
     """End to end on this machine's device (the tests run on CPUs)."""
     config.set_attention_block_size(None)
     g = rng(3)
-    q, k, v = randn(g, 1, 1, 64, 4), randn(g, 1, 1, 64, 4), randn(g, 1, 1, 64, 4)
+    q, k, v = randn(g, 1, 1, 32, 4), randn(g, 1, 1, 32, 4), randn(g, 1, 1, 32, 4)
     out = sdpa(q, k, v, is_causal=True)
     cpu = _paths.device_kind(keras.ops.convert_to_tensor(q)) == "cpu"
     assert _taken() == {"blockwise" if CPU_LOOP_WINS and cpu else "fused": 1}
