@@ -223,8 +223,9 @@ def scaled_dot_product_attention(
             `keras_attn.config.blockwise_threshold()` elements (on PyTorch,
             unmasked attention stays on SDPA's own flash kernel, which is
             linear in memory); below that, blockwise on a CPU under JAX or
-            TensorFlow once one head's scores reach 32 x 32 with at least
-            16 queries, where it is measured faster, and fused everywhere else (PyTorch, NumPy,
+            TensorFlow once one head's scores reach 32 x 32 (JAX) or
+            512 x 512 (TensorFlow) with at least 16 queries, where it is
+            measured faster, and fused everywhere else (PyTorch, NumPy,
             GPUs). Dims unknown while tracing (a `None` batch) count as 1,
             so the per-example score count decides. A soft-cap, which the
             fused kernel cannot apply, goes to the explicit path where the

@@ -5,8 +5,9 @@
 `keras_attn._paths.select_implementation` (and in the README's Performance
 section): blockwise when the scores of one call would exceed
 `DEFAULT_BLOCKWISE_THRESHOLD` elements, and below that the faster path on
-the backend and device (on a CPU under JAX or TensorFlow, blockwise from
-32 x 32 scores per head and 16 queries; elsewhere the fused kernel). The blockwise path
+the backend and device (on a CPU, blockwise from 32 x 32 scores per head
+under JAX and 512 x 512 under TensorFlow, with 16 queries at least;
+elsewhere the fused kernel). The blockwise path
 then picks its block length from the shape.
 
 Both settings below override the policy, process-wide, until set back to

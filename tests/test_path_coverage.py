@@ -72,18 +72,23 @@ def _policy(T, S, lead=(8, 8), device="cpu", **overrides):
     return _paths.select_implementation("auto", lead=lead, T=T, S=S, **{**kw, **overrides})
 
 
-@pytest.mark.parametrize("T,S,lead", [
-    (256, 256, (8, 8)),    # B=8, T=256, H=8: a training batch
-    (2048, 2048, (1, 4)),  # B=1, T=2048, H=4: one long sequence
-    (32, 32, (1, 1)),      # the smallest per-head score count that goes blockwise
-    (16, 1024, (2, 8)),    # 16 queries over a long memory
-])
-def test_policy_on_this_backend_for_cpu_shapes(T, S, lead):
-    expected = "blockwise" if CPU_LOOP_WINS else "fused"
-    assert _policy(T, S, lead) == expected
-    assert _policy(T, S, lead, has_mask=True, is_causal=False) == expected
-    assert _policy(T, S, lead, has_soft_cap=True) == (
-        "blockwise" if CPU_LOOP_WINS else "explicit")
+# (T, S, lead) -> the backends whose CPU policy goes blockwise there.
+POLICY = {
+    (32, 32, (1, 1)): {"jax"},                       # JAX's smallest blockwise scores
+    (256, 256, (8, 8)): {"jax"},                     # B=8, T=256, H=8: a training batch
+    (16, 1024, (2, 8)): {"jax"},                     # 16 queries over a long memory
+    (512, 512, (1, 4)): {"jax", "tensorflow"},       # TensorFlow's smallest
+    (2048, 2048, (1, 4)): {"jax", "tensorflow"},     # B=1, T=2048, H=4: one long sequence
+}
+
+
+@pytest.mark.parametrize("shape", sorted(POLICY), ids=str)
+def test_policy_on_this_backend_for_cpu_shapes(shape):
+    T, S, lead = shape
+    loop = BACKEND in POLICY[shape]
+    assert _policy(T, S, lead) == ("blockwise" if loop else "fused")
+    assert _policy(T, S, lead, has_mask=True, is_causal=False) == ("blockwise" if loop else "fused")
+    assert _policy(T, S, lead, has_soft_cap=True) == ("blockwise" if loop else "explicit")
 
 
 def test_policy_keeps_the_fused_kernel_for_small_scores_gpus_and_unknown_lengths():
@@ -95,6 +100,7 @@ def test_policy_keeps_the_fused_kernel_for_small_scores_gpus_and_unknown_lengths
     for device in ("gpu", "cuda", "tpu"):        # cuDNN / flash kernels there
         assert _policy(2048, 2048, (1, 4), device=device) == "fused"
     assert _policy(None, 2048, (1, 4)) == "fused"  # blockwise needs static lengths
+    assert _policy(511, 512, (1, 4)) == ("blockwise" if BACKEND == "jax" else "fused")
     # Scores that don't fit go blockwise on every backend and device, except
     # unmasked PyTorch, whose SDPA flash kernel is linear in memory.
     huge = dict(T=8192, S=8192, lead=(1, 4), device="gpu")
@@ -109,6 +115,7 @@ def test_a_set_threshold_replaces_the_policy():
     assert _policy(16, 16, (1, 1), has_mask=True) == "blockwise"
     config.set_blockwise_threshold(None)
     assert _policy(2048, 2048, (1, 4)) == ("blockwise" if CPU_LOOP_WINS else "fused")
+    assert _policy(32, 32, (1, 1)) == ("blockwise" if BACKEND == "jax" else "fused")
 
 
 def test_block_size_follows_the_shape_unless_set():
@@ -131,7 +138,7 @@ def test_auto_takes_the_policy_path_in_a_real_call():
     q, k, v = randn(g, 1, 1, 32, 4), randn(g, 1, 1, 32, 4), randn(g, 1, 1, 32, 4)
     out = sdpa(q, k, v, is_causal=True)
     cpu = _paths.device_kind(keras.ops.convert_to_tensor(q)) == "cpu"
-    assert _taken() == {"blockwise" if CPU_LOOP_WINS and cpu else "fused": 1}
+    assert _taken() == {"blockwise" if BACKEND == "jax" and cpu else "fused": 1}
     expected, _ = reference.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert_close(out, expected)
 
