@@ -296,6 +296,7 @@ def main(argv=None):
         worker(json.loads(args.worker))
         return
     if args.from_json:
+        os.environ["KERAS_BACKEND"] = "numpy"  # the policy's block rule only; no backend runs
         with open(args.from_json) as f:
             saved = json.load(f)
         print(table(saved["results"], saved["backend"]))

@@ -76,15 +76,17 @@ def _known_scores(lead, T, S):
 
 # The measured part of the policy (benchmarks/crossover.py, benchmarks/README.md):
 # on a CPU the blockwise loop beats the fused kernel once one head's scores reach
-# these many elements, with at least 16 queries (with fewer, as when decoding one
-# or a few tokens over a long cache, the loop costs more than it saves).
+# these many elements, (causal or windowed, full), with at least 16 queries (with
+# fewer, as when decoding one or a few tokens over a long cache, the loop costs
+# more than it saves).
 # - JAX: from 32 x 32. Its CPU `dot_product_attention` materialises the logits and
 #   weights of every head and runs the softmax through memory; blockwise tiles stay
 #   in cache and causal attention skips the blocks above the diagonal (1.3-4x
 #   faster from T = 128 up).
-# - TensorFlow: from 512 x 512. Its XLA-compiled einsum-softmax is as fast as the
-#   loop on shorter sequences, and 1.3-2.4x slower on longer ones.
-CPU_BLOCKWISE_MIN_SCORES = {"jax": 32 * 32, "tensorflow": 512 * 512}
+# - TensorFlow: from 512 x 512 causal, 1024 x 1024 full. Its XLA-compiled
+#   einsum-softmax is as fast as the loop on shorter sequences; the loop's edge
+#   comes mostly from the causal blocks it skips.
+CPU_BLOCKWISE_MIN_SCORES = {"jax": (32 * 32, 32 * 32), "tensorflow": (512 * 512, 1024 * 1024)}
 CPU_BLOCKWISE_MIN_QUERIES = 16
 # The block length the blockwise path picks when none is set: the largest of
 # these whose tile of scores over the leading dims, `prod(lead) * block**2`,
@@ -158,8 +160,8 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
        flash kernel is linear in memory already.
     4. Speed, measured (benchmarks/crossover.py): on a CPU under JAX or
        TensorFlow, blockwise once one head's scores `T * S` reach
-       `CPU_BLOCKWISE_MIN_SCORES` (32 x 32 on JAX, 512 x 512 on TensorFlow)
-       with at least `CPU_BLOCKWISE_MIN_QUERIES` (16) queries, the block
+       `CPU_BLOCKWISE_MIN_SCORES` (32 x 32 on JAX; 512 x 512 causal and
+       1024 x 1024 full on TensorFlow) with at least `CPU_BLOCKWISE_MIN_QUERIES` (16) queries, the block
        from `block_size_for`; everywhere else (PyTorch, whose CPU SDPA
        kernel is faster than a loop of ops; NumPy; any GPU or TPU, where the
        fused kernels are cuDNN/flash and no measurement here says otherwise)
@@ -212,6 +214,8 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
         return _taken(not_blockwise)
     device = device_kind() if device is None else device
     min_scores = CPU_BLOCKWISE_MIN_SCORES.get(keras.backend.backend())
+    if min_scores is not None:
+        min_scores = min_scores[0] if (is_causal or has_window) else min_scores[1]
     if (device == "cpu" and min_scores is not None and T * S >= min_scores
             and T >= CPU_BLOCKWISE_MIN_QUERIES):
         return _taken("blockwise")

@@ -224,7 +224,8 @@ def scaled_dot_product_attention(
             unmasked attention stays on SDPA's own flash kernel, which is
             linear in memory); below that, blockwise on a CPU under JAX or
             TensorFlow once one head's scores reach 32 x 32 (JAX) or
-            512 x 512 (TensorFlow) with at least 16 queries, where it is
+            512 x 512 causal / 1024 x 1024 full (TensorFlow) with at least
+            16 queries, where it is
             measured faster, and fused everywhere else (PyTorch, NumPy,
             GPUs). Dims unknown while tracing (a `None` batch) count as 1,
             so the per-example score count decides. A soft-cap, which the

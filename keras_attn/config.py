@@ -6,7 +6,8 @@
 section): blockwise when the scores of one call would exceed
 `DEFAULT_BLOCKWISE_THRESHOLD` elements, and below that the faster path on
 the backend and device (on a CPU, blockwise from 32 x 32 scores per head
-under JAX and 512 x 512 under TensorFlow, with 16 queries at least;
+under JAX and 512 x 512 causal / 1024 x 1024 full under TensorFlow, with
+16 queries at least;
 elsewhere the fused kernel). The blockwise path
 then picks its block length from the shape.
 

@@ -72,23 +72,27 @@ def _policy(T, S, lead=(8, 8), device="cpu", **overrides):
     return _paths.select_implementation("auto", lead=lead, T=T, S=S, **{**kw, **overrides})
 
 
-# (T, S, lead) -> the backends whose CPU policy goes blockwise there.
+# (T, S, lead, causal) -> the backends whose CPU policy goes blockwise there.
 POLICY = {
-    (32, 32, (1, 1)): {"jax"},                       # JAX's smallest blockwise scores
-    (256, 256, (8, 8)): {"jax"},                     # B=8, T=256, H=8: a training batch
-    (16, 1024, (2, 8)): {"jax"},                     # 16 queries over a long memory
-    (512, 512, (1, 4)): {"jax", "tensorflow"},       # TensorFlow's smallest
-    (2048, 2048, (1, 4)): {"jax", "tensorflow"},     # B=1, T=2048, H=4: one long sequence
+    (32, 32, (1, 1), True): {"jax"},                     # JAX's smallest blockwise scores
+    (256, 256, (8, 8), True): {"jax"},                   # B=8, T=256, H=8: a training batch
+    (16, 1024, (2, 8), False): {"jax"},                  # 16 queries over a long memory
+    (512, 512, (1, 4), True): {"jax", "tensorflow"},     # TensorFlow's smallest, causal
+    (512, 1024, (2, 8), False): {"jax"},                 # ... below its smallest full one
+    (1024, 1024, (1, 4), False): {"jax", "tensorflow"},  # TensorFlow's smallest, full
+    (2048, 2048, (1, 4), True): {"jax", "tensorflow"},   # B=1, T=2048, H=4: one long sequence
 }
 
 
 @pytest.mark.parametrize("shape", sorted(POLICY), ids=str)
 def test_policy_on_this_backend_for_cpu_shapes(shape):
-    T, S, lead = shape
+    T, S, lead, causal = shape
     loop = BACKEND in POLICY[shape]
-    assert _policy(T, S, lead) == ("blockwise" if loop else "fused")
-    assert _policy(T, S, lead, has_mask=True, is_causal=False) == ("blockwise" if loop else "fused")
-    assert _policy(T, S, lead, has_soft_cap=True) == ("blockwise" if loop else "explicit")
+    assert _policy(T, S, lead, is_causal=causal) == ("blockwise" if loop else "fused")
+    assert _policy(T, S, lead, is_causal=causal, has_mask=True) == (
+        "blockwise" if loop else "fused")
+    assert _policy(T, S, lead, is_causal=causal, has_soft_cap=True) == (
+        "blockwise" if loop else "explicit")
 
 
 def test_policy_keeps_the_fused_kernel_for_small_scores_gpus_and_unknown_lengths():
