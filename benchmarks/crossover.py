@@ -37,9 +37,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
+
+from benchmarks.modern import _spawn as spawn_worker
 
 BLOCK_SIZES = (128, 256, 512)
 AUTO_TARGET = 1.05  # auto / best of fused and blockwise, at every point
@@ -143,17 +143,7 @@ def worker(spec):
 
 
 def _spawn(spec, timeout):
-    cmd = [sys.executable, "-m", "benchmarks.crossover", "--worker", json.dumps(spec)]
-    env = {**os.environ, "KERAS_BACKEND": spec["backend"]}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout}s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    return {"error": f"exit {proc.returncode}: {tail[0][:300]}"}
+    return spawn_worker(spec, timeout, "benchmarks.crossover")
 
 
 def best_of(medians):

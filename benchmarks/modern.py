@@ -288,8 +288,9 @@ def worker(spec):
 # Driver side.
 
 
-def _spawn(spec, timeout):
-    cmd = [sys.executable, "-m", "benchmarks.modern", "--worker", json.dumps(spec)]
+def _spawn(spec, timeout, module="benchmarks.modern"):
+    """Run `python -m module --worker SPEC` on `spec["backend"]`; its RESULT line, or an error."""
+    cmd = [sys.executable, "-m", module, "--worker", json.dumps(spec)]
     env = {**os.environ, "KERAS_BACKEND": spec["backend"]}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
