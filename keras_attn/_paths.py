@@ -144,7 +144,7 @@ def block_size_for(lead, T, S, banded=False):
 
 def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_causal,
                           needs_weights, symbolic, has_window=False, has_soft_cap=False,
-                          device=None):
+                          device=None, cached=False):
     """The path a call takes; the one place where `"auto"` is decided.
 
     The policy of `"auto"`, in order:
@@ -166,9 +166,16 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
        kernel is faster than a loop of ops; NumPy; any GPU or TPU, where the
        fused kernels are cuDNN/flash and no measurement here says otherwise)
        fused, or explicit with a soft-cap (the fused kernel cannot cap).
+    5. Decoding: a call over a key/value cache with fewer than
+       `CPU_BLOCKWISE_MIN_QUERIES` queries runs explicit on a CPU (every
+       backend). Its mask is the cache's written-slots mask, built per
+       step; measured on the cached step of `benchmarks/decode.py` (one or
+       a few queries over 768 slots), the two matrix products beat the
+       fused kernel's mask handling by 10-30% on JAX, TensorFlow and
+       PyTorch alike.
 
-    A threshold set with `config.set_blockwise_threshold` replaces 3 and 4 by
-    its one rule (blockwise above it, fused at or below) on every backend.
+    A threshold set with `config.set_blockwise_threshold` replaces 3, 4 and 5
+    by its one rule (blockwise above it, fused at or below) on every backend.
 
     Args:
         implementation: the requested one (`"auto"` resolves here).
@@ -181,6 +188,7 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
         has_window, has_soft_cap: a sliding window or a logit soft-cap is set.
             The fused kernel cannot soft-cap, so `auto` routes around it.
         device: `device_kind()` of the call; read when None.
+        cached: the call attends over a key/value cache (a decode step).
     """
     check_implementation(implementation)
     if needs_weights or symbolic:
@@ -219,6 +227,8 @@ def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_
     if (device == "cpu" and min_scores is not None and T * S >= min_scores
             and T >= CPU_BLOCKWISE_MIN_QUERIES):
         return _taken("blockwise")
+    if cached and device == "cpu" and T < CPU_BLOCKWISE_MIN_QUERIES:
+        return _taken("explicit")
     return _taken(not_blockwise)
 
 
@@ -243,8 +253,9 @@ def zero_unattended_keys(key, value, allowed, key_axis, group=1):
         key, value: `(..., S, d)` (`key_axis=-2`) or `(B, S, H, d)` (`key_axis=1`).
         allowed: bool, broadcastable to `(..., T, S)` or `(B, H, T, S)`.
         key_axis: where S sits in `key`/`value`.
-        group: G query heads per key/value head (`key_axis=-2` only): a key
-            is live when a query of any head of its group may attend it.
+        group: G query heads per key/value head: a key is live when a query
+            of any head of its group may attend it. Zeroing before the heads
+            are repeated touches H_kv heads, not H.
     """
     if allowed is None:
         return key, value
@@ -257,7 +268,10 @@ def zero_unattended_keys(key, value, allowed, key_axis, group=1):
         live = ops.expand_dims(live, -1)  # (..., S, 1)
     else:  # (B|1, H|1, S) -> (B|1, S, H|1, 1)
         live = ops.expand_dims(ops.swapaxes(to_rank(live, 3), 1, 2), -1)
-    return ops.where(live, key, ops.zeros_like(key)), ops.where(live, value, ops.zeros_like(value))
+    # A scalar zero broadcasts: no full-size zeros tensor per call (PyTorch
+    # eager fills one for each otherwise, a cache-sized write per decode step).
+    return (ops.where(live, key, ops.zeros((), key.dtype)),
+            ops.where(live, value, ops.zeros((), value.dtype)))
 
 
 def empty_attention(query, key, value, return_attention_scores=False):
@@ -329,7 +343,25 @@ def explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_
     """Materialised logits and weights `(..., T, S)`; softmax in float32 at least."""
     compute = softmax_dtype(query.dtype)
     q, k = ops.cast(query, compute), ops.cast(key, compute)
-    logits = ops.matmul(q, ops.swapaxes(k, -1, -2)) * scale  # (..., T, S)
+    group, q_shape = group_size(query, key), static_shape(query)
+    if group > 1 and None in q_shape:  # the grouped reshapes below need static dims
+        key, value = (ops.repeat(x, group, axis=-3) for x in (key, value))
+        k, group = ops.cast(key, compute), 1
+    if group > 1:
+        # Grouped heads without repeating the keys and values: the G query
+        # heads of a key/value head are stacked along the rows (head-major).
+        *lead, H, T, _ = q_shape
+        q = ops.reshape(q, (*lead, H // group, group * T, q_shape[-1]))  # (..., H_kv, G*T, d)
+    rows = static_shape(q)[-2]
+    if rows is not None and rows < CPU_BLOCKWISE_MIN_QUERIES:
+        # Few query rows (a decode step): `k q^T` reads the keys in their own
+        # layout; `q k^T` has the compiler transpose every key (S x d) first,
+        # 2-3x slower on XLA's CPU backend at S = 768 (benchmarks/decode.py).
+        logits = ops.swapaxes(ops.matmul(k, ops.swapaxes(q, -1, -2)), -1, -2) * scale
+    else:
+        logits = ops.matmul(q, ops.swapaxes(k, -1, -2)) * scale  # (..., T, S) or (..., H_kv, G*T, S)
+    if group > 1:
+        logits = ops.reshape(logits, (*lead, H, T, -1))  # (..., H, T, S)
     if soft_cap is not None:
         logits = soft_cap * ops.tanh(logits / soft_cap)
     if bias is not None:
@@ -340,7 +372,12 @@ def explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_
     attended = weights
     if training and dropout_rate > 0.0:
         attended = keras.random.dropout(weights, dropout_rate, seed=seed)
-    output = ops.matmul(attended, value)  # (..., T, d_v)
+    if group > 1:
+        attended = ops.reshape(attended, (*lead, H // group, group * T, -1))  # (..., H_kv, G*T, S)
+        output = ops.matmul(attended, value)  # (..., H_kv, G*T, d_v)
+        output = ops.reshape(output, (*lead, H, T, static_shape(value)[-1]))  # (..., H, T, d_v)
+    else:
+        output = ops.matmul(attended, value)  # (..., T, d_v)
     if return_attention_scores:
         return output, weights
     return output
@@ -418,8 +455,7 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
         output = fused_attention_bthd(query, key, value, mask, bias, is_causal, scale, window)
         return ops.cast(output[..., :d_v], out_dtype)
     heads, kv_heads = static_shape(query)[2], static_shape(key)[2]
-    if None not in (heads, kv_heads) and kv_heads != heads:  # (B, S, H_kv, d) -> (B, S, H, d)
-        key, value = (ops.repeat(x, heads // kv_heads, axis=2) for x in (key, value))
+    group = heads // kv_heads if None not in (heads, kv_heads) else 1
     T, S = static_shape(query)[1], static_shape(key)[1]
     use_flag = (bool(is_causal) and window is None and mask is None and bias is None
                 and T is not None and T == S)
@@ -434,7 +470,9 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
     if allowed is not None:
         allowed = to_rank(allowed, 4)
         keep = ops.any(allowed, axis=-1, keepdims=True)  # (B|1, H|1, T|1, 1)
-        key, value = zero_unattended_keys(key, value, allowed, key_axis=1)
+        key, value = zero_unattended_keys(key, value, allowed, key_axis=1, group=group)
+    if group > 1:  # (B, S, H_kv, d) -> (B, S, H, d)
+        key, value = (ops.repeat(x, group, axis=2) for x in (key, value))
     if bias is not None:
         bias = ops.where(allowed, bias, _large_negative(query.dtype))
         bias = ops.where(keep, bias, ops.zeros_like(bias))
@@ -504,7 +542,7 @@ def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale
     """
     group = group_size(query, key)
     T, S = static_shape(query)[-2], static_shape(key)[-2]
-    if group > 1 and path != "blockwise":  # blockwise groups without repeating
+    if group > 1 and (path == "fused" or 0 in (T, S)):  # the others zero dead keys first
         key, value = (ops.repeat(x, group, axis=-3) for x in (key, value))
         group = 1
     if 0 in (T, S):
@@ -515,6 +553,8 @@ def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale
     allowed = mask
     if bias is not None:
         allowed = combine_masks(mask, ops.greater(bias, float("-inf")))
+    # Zeroed over the H_kv heads: blockwise and explicit group the query
+    # heads without repeating the keys and values.
     key, value = zero_unattended_keys(key, value, allowed, key_axis=-2, group=group)
     if path == "blockwise":
         return blockwise_attention(query, key, value, mask=mask, bias=bias,

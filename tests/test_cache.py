@@ -123,6 +123,20 @@ def test_cached_path_is_observed_on_every_implementation(implementation):
     assert_close(out, full[:, 3:4], what=implementation)
 
 
+def test_auto_decodes_on_the_explicit_path_on_cpus():
+    """`auto` over a cache with few queries: explicit on a CPU (the decode-step rule)."""
+    x = randn(rng(7), B, T, D)
+    layer = _mha(seed=8, num_key_value_heads=2, implementation="auto")
+    full = to_numpy(layer(x, use_causal_mask=True))
+    _, cache = layer(x[:, :3], cache=layer.empty_cache(B, S_MAX), cache_update_index=0,
+                     use_causal_mask=True)
+    _paths.paths_taken.clear()
+    out, _ = layer(x[:, 3:4], cache=cache, cache_update_index=3, use_causal_mask=True)
+    cpu = _paths.device_kind(keras.ops.convert_to_tensor(x)) == "cpu"
+    assert dict(_paths.paths_taken) == {"cached": 1, "explicit" if cpu else "fused": 1}
+    assert_close(out, full[:, 3:4], what="auto")
+
+
 def test_scores_with_a_cache():
     x = randn(rng(9), B, T, D)
     layer = _mha(seed=10)

@@ -112,6 +112,19 @@ def test_policy_keeps_the_fused_kernel_for_small_scores_gpus_and_unknown_lengths
     assert _policy(**huge) == ("fused" if BACKEND == "torch" else "blockwise")
 
 
+def test_decode_steps_over_a_cache_run_explicit_on_cpus():
+    # Fewer than 16 queries over a key/value cache: explicit on every backend's CPU.
+    for T in (1, 4, 15):
+        assert _policy(T, 768, (1, 8), cached=True, has_mask=True) == "explicit"
+    assert _policy(1, 768, (1, 8), cached=True, has_mask=True, has_soft_cap=True) == "explicit"
+    # A prefill into the cache follows the ordinary rule; GPUs keep the fused kernel.
+    assert _policy(512, 768, (1, 8), cached=True, has_mask=True) == (
+        "blockwise" if CPU_LOOP_WINS else "fused")
+    assert _policy(1, 768, (1, 8), cached=True, has_mask=True, device="gpu") == "fused"
+    # Without a cache, few queries keep the fused kernel (the crossover tables).
+    assert _policy(1, 768, (1, 8), has_mask=True) == "fused"
+
+
 def test_a_set_threshold_replaces_the_policy():
     config.set_blockwise_threshold(2**30)
     assert _policy(2048, 2048, (1, 4)) == "fused"

@@ -333,14 +333,17 @@ class MultiHeadAttention(keras.layers.Layer):
             y = y + ops.reshape(dense.bias, (heads, head_dim))
         return y
 
-    def _project_output(self, attended):
-        """`output_dense` applied to `(B, T, H, d_v)`, contracting heads and width."""
+    def _project_output(self, attended, heads_first=False):
+        """`output_dense` applied to `(B, T, H, d_v)` (or `(B, H, T, d_v)` when
+        `heads_first`), contracting heads and width."""
         dense = self.output_dense
         if not self._plain(dense):
+            if heads_first:
+                attended = ops.swapaxes(attended, 1, 2)  # (B, T, H, d_v)
             B, T = ops.shape(attended)[0], ops.shape(attended)[1]
             return dense(ops.reshape(attended, (B, T, self.num_heads * self.head_value_dim)))
         kernel = ops.reshape(dense.kernel, (self.num_heads, self.head_value_dim, -1))
-        y = ops.einsum("bthd,hdo->bto", attended, kernel)
+        y = ops.einsum("bhtd,hdo->bto" if heads_first else "bthd,hdo->bto", attended, kernel)
         if dense.bias is not None:
             y = y + dense.bias
         return y
@@ -464,12 +467,14 @@ class MultiHeadAttention(keras.layers.Layer):
             has_bias=False, is_causal=is_causal, needs_weights=needs_weights,
             symbolic=isinstance(query, keras.KerasTensor),
             has_window=window is not None,
-            has_soft_cap=self.logit_soft_cap is not None, device=device_kind(query))
+            has_soft_cap=self.logit_soft_cap is not None, device=device_kind(query),
+            cached=cache is not None)
 
         q, k, v, new_cache = self._project(query, key, value, cache, cache_update_index)
         scale = 1.0 / math.sqrt(d_k)
         scores = None
-        if path == "fused" and 0 not in (T, S):
+        heads_first = not (path == "fused" and 0 not in (T, S))
+        if not heads_first:
             # Keras's (B, T, H, d) layout: no transposes on our side.
             attended = fused_attention_bthd(
                 q, k, v, mask=mask_4d, is_causal=is_causal, scale=scale,
@@ -483,8 +488,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 window=window, soft_cap=self.logit_soft_cap)
             if return_attention_scores:
                 attended, scores = attended
-            attended = ops.swapaxes(attended, 1, 2)  # (B, T, H, d_v)
-        output = self._project_output(attended)  # (B, T, output_dim)
+        # (B, T, H, d_v) from the fused path, (B, H, T, d_v) from the others: the
+        # output einsum reads either layout, so no transpose back.
+        output = self._project_output(attended, heads_first)  # (B, T, output_dim)
         results = (output, scores) if return_attention_scores else (output,)
         if cache is not None:
             results += (new_cache,)
