@@ -142,7 +142,10 @@ def test_block_size_follows_the_shape_unless_set():
     assert size((1, 4), 4096, 4096, banded=True) == 256  # causal / windowed: half the tile
     assert size((2, 4), 4096, 4096) == 256
     assert size((8, 8), 256, 256) == 128
-    assert size((64, 64), 256, 256) == 128               # never below the smallest
+    assert size((8, 8), 256, 256, banded=True) == 64     # 64 x 64^2 = 2^18 scores a tile
+    assert size((8, 8), 128, 128, banded=True) == 128    # one block: no loop at all
+    assert size((8, 8), 1, 128, banded=True) == 128
+    assert size((64, 64), 256, 256) == 64                # never below the smallest
     assert size((None, 4), 4096, 4096) == 512            # an unknown batch counts as 1
     config.set_attention_block_size(64)
     assert size((1, 4), 4096, 4096) == 64
