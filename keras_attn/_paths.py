@@ -18,6 +18,7 @@ import functools
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn import config
@@ -337,11 +338,15 @@ def _masked_softmax(logits, allowed):
     """
     if allowed is not None:
         logits = ops.where(allowed, logits, float("-inf"))
-    row_max = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True))
-    row_max = ops.where(ops.isfinite(row_max), row_max, ops.zeros_like(row_max))
+    # A -inf maximum (no allowed key) becomes a finite floor; finite maxima
+    # are above it and unchanged.
+    lowest = float(np.finfo(keras.backend.standardize_dtype(logits.dtype)).min)
+    row_max = ops.maximum(ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)), lowest)
     unnormalized = ops.exp(logits - row_max)
-    total = ops.sum(unnormalized, axis=-1, keepdims=True)
-    total = ops.where(total > 0, total, ops.ones_like(total))
+    # A row with an allowed key sums to >= 1 (its maximum contributes
+    # exp(0)), so the floor only turns an empty row's 0 / 0 into 0 / tiny = 0,
+    # and never ties with a real sum (which would split its gradient).
+    total = ops.maximum(ops.sum(unnormalized, axis=-1, keepdims=True), 1e-30)
     return unnormalized / total
 
 

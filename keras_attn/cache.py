@@ -133,7 +133,9 @@ def cached_positional_mask(T, max_length, start, new_length, is_causal, window):
         written = ops.less(slots, end)  # (1, S_max)
         first = end - T
     position = rows + first  # (T, 1): absolute position of each query
-    allowed = written
+    # Self-attention (S_new == T) under the causal mask: `j <= position`
+    # already excludes every unwritten slot (the last query sits at end - 1).
+    allowed = None if (is_causal and new_length == T) else written
     if is_causal:
         allowed = _and(allowed, ops.less_equal(slots, position))
     if window is not None:

@@ -10,14 +10,21 @@ def to_numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
-# Worst errors seen by assert_close, per dtype; the conftest prints them at the end.
+# Worst errors seen by assert_close, per (what it compared against, dtype); the
+# conftest prints them at the end.
 WORST = {}
+FLOAT64 = "float64 reference"
+UNCACHED = "uncached forward"  # cached decoding against the same layer without a cache
 
 
-def assert_close(actual, expected, dtype="float32", what="output", quantity="output"):
+def assert_close(actual, expected, dtype="float32", what="output", quantity="output",
+                 against=FLOAT64):
     """Compare against the float64 reference with the project's tolerance.
 
     `quantity` is "output" or "gradient" (see keras_attn.testing.tolerances).
+    `against` names what `expected` is, for the worst-error summary: the
+    float64 reference, or `UNCACHED` (the layer's own uncached forward, which
+    cached decoding must reproduce).
     """
     actual = np.asarray(to_numpy(actual), np.float64)
     expected = np.asarray(expected, np.float64)
@@ -27,7 +34,7 @@ def assert_close(actual, expected, dtype="float32", what="output", quantity="out
     if actual.size:
         abs_err = np.abs(actual - expected)
         rel_err = abs_err / np.maximum(np.abs(expected), 1e-3)
-        worst = WORST.setdefault(dtype, [0.0, 0.0])
+        worst = WORST.setdefault((against, dtype), [0.0, 0.0])
         worst[0] = max(worst[0], float(abs_err.max()))
         worst[1] = max(worst[1], float(rel_err.max()))
 

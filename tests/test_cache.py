@@ -15,7 +15,7 @@ from keras_attn import _paths
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from . import reference
-from .helpers import assert_close, randn, rng, to_numpy
+from .helpers import UNCACHED, assert_close, randn, rng, to_numpy
 
 BACKEND = keras.backend.backend()
 B, T, D, H, D_HEAD, S_MAX = 2, 8, 12, 4, 4, 10
@@ -67,7 +67,8 @@ def test_decoding_equals_uncached_forward(name):
     assert_close(full, expected, what=f"{name} uncached")
     cache = keras_attn.empty_cache(layer, B, S_MAX)
     for start, stop, output in _decode(layer, x, SCHEDULE, cache):
-        assert_close(output, to_numpy(full)[:, start:stop], what=f"{name} rows {start}:{stop}")
+        assert_close(output, to_numpy(full)[:, start:stop], what=f"{name} rows {start}:{stop}",
+                     against=UNCACHED)
 
 
 @pytest.mark.parametrize("kind", ["key_mask", "attention_mask"])
@@ -90,7 +91,7 @@ def test_padding_in_the_prompt(kind):
             return {"attention_mask": allowed[:, start:stop]}
     cache = keras_attn.empty_cache(layer, B, S_MAX)
     for start, stop, output in _decode(layer, x, SCHEDULE, cache, masks=masks):
-        assert_close(output, to_numpy(full)[:, start:stop], what=f"{kind} {start}:{stop}")
+        assert_close(output, to_numpy(full)[:, start:stop], what=f"{kind} {start}:{stop}", against=UNCACHED)
 
 
 def test_unwritten_slots_are_never_attended():
@@ -107,7 +108,7 @@ def test_unwritten_slots_are_never_attended():
             # slots 6.. still hold zeros or NaN
             out, _ = layer(x[:, 3:6], cache=cache, cache_update_index=3, use_causal_mask=causal)
             assert np.isfinite(to_numpy(out)).all()
-            assert_close(out, expected, what=f"causal={causal}")
+            assert_close(out, expected, what=f"causal={causal}", against=UNCACHED)
 
 
 @pytest.mark.parametrize("implementation", ["fused", "explicit", "blockwise"])
@@ -120,7 +121,7 @@ def test_cached_path_is_observed_on_every_implementation(implementation):
                      use_causal_mask=True)
     out, _ = layer(x[:, 3:4], cache=cache, cache_update_index=3, use_causal_mask=True)
     assert dict(_paths.paths_taken) == {"cached": 2, implementation: 2}
-    assert_close(out, full[:, 3:4], what=implementation)
+    assert_close(out, full[:, 3:4], what=implementation, against=UNCACHED)
 
 
 def test_auto_decodes_on_the_explicit_path_on_cpus():
@@ -134,7 +135,7 @@ def test_auto_decodes_on_the_explicit_path_on_cpus():
     out, _ = layer(x[:, 3:4], cache=cache, cache_update_index=3, use_causal_mask=True)
     cpu = _paths.device_kind(keras.ops.convert_to_tensor(x)) == "cpu"
     assert dict(_paths.paths_taken) == {"cached": 1, "explicit" if cpu else "fused": 1}
-    assert_close(out, full[:, 3:4], what="auto")
+    assert_close(out, full[:, 3:4], what="auto", against=UNCACHED)
 
 
 def test_scores_with_a_cache():
@@ -147,7 +148,7 @@ def test_scores_with_a_cache():
     _, full_scores = layer(x, use_causal_mask=True, return_attention_scores=True)
     scores = to_numpy(scores)
     assert scores.shape == (B, H, 3, S_MAX)
-    assert_close(scores[..., :T], to_numpy(full_scores)[:, :, 3:6])
+    assert_close(scores[..., :T], to_numpy(full_scores)[:, :, 3:6], against=UNCACHED)
     assert not scores[..., 6:].any(), "unwritten slots got weight"
 
 
@@ -166,12 +167,12 @@ def test_read_only_cross_cache_equals_attending_the_memory():
     # Fill the cache from the memory once (T = 8 queries, S_new = 5 keys) ...
     out, cache = layer(x, memory, key_mask=real, cache=layer.empty_cache(B, 5),
                        cache_update_index=0)
-    assert_close(out, full)
+    assert_close(out, full, against=UNCACHED)
     # ... then read it without the memory.
     for i in range(2):
         out, same = layer(x[:, i:i + 1], key_mask=real, cache=cache)
         assert same is cache
-        assert_close(out, full[:, i:i + 1], what=f"row {i}")
+        assert_close(out, full[:, i:i + 1], what=f"row {i}", against=UNCACHED)
 
 
 def test_decode_step_compiles_once():
@@ -200,7 +201,7 @@ def test_decode_step_compiles_once():
     for i in range(3, T):
         index = keras.ops.convert_to_tensor(i, dtype="int32")
         out, cache = step_fn(keras.ops.convert_to_tensor(x[:, i:i + 1]), cache, index)
-        assert_close(out, full[:, i:i + 1], what=f"step {i}")
+        assert_close(out, full[:, i:i + 1], what=f"step {i}", against=UNCACHED)
     assert len(traces) == (1 if BACKEND in ("jax", "tensorflow") else T - 3)
 
 
@@ -264,7 +265,7 @@ def test_decoder_only_layer_decodes_like_the_uncached_forward():
         out, cache = layer(x[:, start:start + length], padding_mask=real,
                            self_attention_cache=cache,
                            self_attention_cache_update_index=start)
-        assert_close(out, full[:, start:start + length], what=f"from {start}")
+        assert_close(out, full[:, start:start + length], what=f"from {start}", against=UNCACHED)
         start += length
 
 
@@ -283,17 +284,17 @@ def test_encoder_decoder_layer_with_a_cross_cache():
         x[:, :3], memory, memory_padding_mask=memory_real, self_attention_cache=self_cache,
         self_attention_cache_update_index=0, cross_attention_cache=cross_cache,
         cross_attention_cache_update_index=0)
-    assert_close(out, full[:, :3], what="prefill")
+    assert_close(out, full[:, :3], what="prefill", against=UNCACHED)
     for i in (3, 4):  # no memory: the cross cache is read-only
         out, self_cache, same = layer(
             x[:, i:i + 1], memory_padding_mask=memory_real, self_attention_cache=self_cache,
             self_attention_cache_update_index=i, cross_attention_cache=cross_cache)
         assert same is cross_cache
-        assert_close(out, full[:, i:i + 1], what=f"step {i}")
+        assert_close(out, full[:, i:i + 1], what=f"step {i}", against=UNCACHED)
     # Only a self cache: cross-attention reads the memory at every step.
     out, _ = layer(x[:, 5:8], memory, memory_padding_mask=memory_real,
                    self_attention_cache=self_cache, self_attention_cache_update_index=5)
-    assert_close(out, full[:, 5:8], what="self cache only")
+    assert_close(out, full[:, 5:8], what="self cache only", against=UNCACHED)
     with pytest.raises(ValueError, match=r"pass both, or neither"):
         layer(x[:, :1], memory, cross_attention_cache=cross_cache)
     with pytest.raises(ValueError, match=r"Received: memory=None"):

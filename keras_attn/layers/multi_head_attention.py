@@ -527,10 +527,10 @@ class MultiHeadAttention(keras.layers.Layer):
         if read_only:
             new_cache = cache
         else:
-            new = ops.cast(ops.stack([k, v], axis=1), cache.dtype)  # (B, 2, S_new, H_kv, d)
+            new = _cast(ops.stack([k, v], axis=1), cache.dtype)  # (B, 2, S_new, H_kv, d)
             new_cache = ops.slice_update(cache, [0, 0, cache_update_index, 0, 0], new)
-        k = ops.cast(new_cache[:, 0], q.dtype)  # (B, S_max, H_kv, d_k)
-        v = ops.cast(new_cache[:, 1], q.dtype)  # (B, S_max, H_kv, d_v)
+        k = _cast(new_cache[:, 0], q.dtype)  # (B, S_max, H_kv, d_k)
+        v = _cast(new_cache[:, 1], q.dtype)  # (B, S_max, H_kv, d_v)
         return q, k, v, new_cache
 
     def _check_cache(self, cache, query, key, cache_update_index):
@@ -685,3 +685,10 @@ def check_attention_options(num_heads, key_dim=None, *, num_key_value_heads=None
         "logit_soft_cap": check_positive_float("logit_soft_cap", logit_soft_cap, allow_none=True),
         "qk_norm": qk_norm,
     }
+
+
+def _cast(x, dtype):
+    """`ops.cast`, skipped when `x` already has `dtype` (one op less per decode step)."""
+    if keras.backend.standardize_dtype(x.dtype) == keras.backend.standardize_dtype(dtype):
+        return x
+    return ops.cast(x, dtype)
