@@ -94,14 +94,19 @@ CPU_BLOCKWISE_MIN_QUERIES = 16
 # stays within TILE_SCORES (4 MiB of float32, cache-sized), or half of it when
 # causal or windowed: there a loop wastes about half a block per row on the
 # diagonal, so smaller blocks pay off. Measured: B=1, H=4 runs best with 512
-# (256 causal), B=8, H=8 with 128 (64 causal: MultiHeadAttention's JAX train
-# step at T=256, D=256 took 0.58-0.63x Keras's time with 64, 0.75-0.89x with
-# 128). A sequence that fits in ONE_BLOCK runs as a single block whatever
-# the budget: with no loop left, the compiler fuses the step (at T=128 that
-# same train step took 0.83x with one block of 128, 0.94x with blocks of 64).
+# (256 causal), B=8, H=8 with 128, and 64 when causal over at most
+# MAX_SMALL_BLOCKS of them: MultiHeadAttention's JAX train step at T=256,
+# D=256 took 0.58-0.63x Keras's time with 64, 0.75-0.89x with 128; from
+# T=512 the loop over more, smaller blocks costs more than their smaller
+# triangle saves (forward 0.48 vs 0.37 of fused at T=512, 0.38 vs 0.28 at
+# T=1024), so blocks below 128 are used only on sequences of at most 4 of
+# them. A sequence that fits in ONE_BLOCK runs as a single block whatever
+# the budget: with no loop left, the compiler fuses the step (at T=128 the
+# train step took 0.83x Keras with one block, 0.94x with blocks of 64).
 BLOCK_SIZES = (512, 256, 128, 64)
 TILE_SCORES = 2**20
 ONE_BLOCK = 128
+MAX_SMALL_BLOCKS = 4
 
 
 @functools.cache
@@ -145,8 +150,11 @@ def block_size_for(lead, T, S, banded=False):
         budget = TILE_SCORES // 2 if banded else TILE_SCORES
         per_block = _known_scores(lead, 1, 1)
         size = next((b for b in BLOCK_SIZES if per_block * b * b <= budget), BLOCK_SIZES[-1])
-        if T is not None and S is not None and max(T, S) <= ONE_BLOCK:
-            size = max(size, ONE_BLOCK)  # clamped to the sequence by the blockwise path
+        longest = max(T or 1, S or 1)
+        if longest <= ONE_BLOCK:
+            size = ONE_BLOCK  # one block: clamped to the sequence by the blockwise path
+        elif size < ONE_BLOCK and longest > MAX_SMALL_BLOCKS * size:
+            size = ONE_BLOCK
     return size
 
 

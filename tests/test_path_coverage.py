@@ -143,9 +143,11 @@ def test_block_size_follows_the_shape_unless_set():
     assert size((2, 4), 4096, 4096) == 256
     assert size((8, 8), 256, 256) == 128
     assert size((8, 8), 256, 256, banded=True) == 64     # 64 x 64^2 = 2^18 scores a tile
+    assert size((8, 8), 512, 512, banded=True) == 128    # blocks below 128: at most 4 of them
     assert size((8, 8), 128, 128, banded=True) == 128    # one block: no loop at all
     assert size((8, 8), 1, 128, banded=True) == 128
     assert size((64, 64), 256, 256) == 64                # never below the smallest
+    assert size((64, 64), 4096, 4096) == 128
     assert size((None, 4), 4096, 4096) == 512            # an unknown batch counts as 1
     config.set_attention_block_size(64)
     assert size((1, 4), 4096, 4096) == 64
