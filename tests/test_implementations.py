@@ -305,18 +305,25 @@ def test_compiled_train_step_matches_explicit(path, jit_compile):
         assert_close(w, w_ref, what=f"{path} weights after one step")
 
 
-def test_mha_with_lora_on_a_projection_matches_reference():
-    """A LoRA-enabled sublayer is called as a layer; its effective kernel is used."""
+@pytest.mark.parametrize("implementation", ["fused", "explicit"])
+@pytest.mark.parametrize("projection", ["query", "output"])
+def test_mha_with_lora_on_a_projection_matches_reference(projection, implementation):
+    """A LoRA-enabled sublayer is called as a layer; its effective kernel is used.
+
+    The output projection reads `(B, T, H, d)` after the fused path and
+    `(B, H, T, d)` after the others: both layouts reach a LoRA sublayer.
+    """
     g = rng(11)
     x = randn(g, 2, 6, 8)
-    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4)
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, implementation=implementation)
     layer.build(x.shape)
     randomize_weights(layer, seed=11)
-    layer.query_dense.enable_lora(rank=2)
-    layer.query_dense.lora_kernel_b.assign(randn(g, 2, 8))
+    dense = getattr(layer, f"{projection}_dense")
+    dense.enable_lora(rank=2)
+    dense.lora_kernel_b.assign(randn(g, *dense.lora_kernel_b.shape))
     out = layer(x, use_causal_mask=True)
     params = reference_params(layer)  # reads `kernel`, which includes the LoRA term
-    plain = to_numpy(layer.query_dense._kernel).astype(np.float64)
-    assert np.abs(params["query"]["kernel"] - plain).max() > 1e-3  # LoRA is not a no-op
+    plain = to_numpy(dense._kernel).astype(np.float64)
+    assert np.abs(params[projection]["kernel"] - plain).max() > 1e-3  # LoRA is not a no-op
     expected, _ = reference.multi_head_attention(params, x, num_heads=2, is_causal=True)
     assert_close(out, expected)
