@@ -352,9 +352,10 @@ def _masked_softmax(logits, allowed):
     row_max = ops.maximum(ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)), lowest)
     unnormalized = ops.exp(logits - row_max)
     # A row with an allowed key sums to >= 1 (its maximum contributes
-    # exp(0)), so the floor only turns an empty row's 0 / 0 into 0 / tiny = 0,
-    # and never ties with a real sum (which would split its gradient).
-    total = ops.maximum(ops.sum(unnormalized, axis=-1, keepdims=True), 1e-30)
+    # exp(0)), so the floor of 0.5 only turns an empty row's 0 / 0 into
+    # 0 / 0.5 = 0: it never ties with a real sum (a tie would split the
+    # gradient), and 0.5**2 in the quotient's gradient cannot underflow.
+    total = ops.maximum(ops.sum(unnormalized, axis=-1, keepdims=True), 0.5)
     return unnormalized / total
 
 

@@ -146,6 +146,36 @@ def test_half_precision_paths(path, policy, dtype):
 
 @pytest.mark.requires_trainable_backend
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("T,S,row", [(1, 1, 0), (4, 5, 2)])
+def test_a_row_killed_by_a_minus_inf_bias_has_zero_finite_gradients(path, T, S, row):
+    """No mask, but a bias of -inf over a whole row: output and gradients 0 there.
+
+    Found by the property tests (JAX, explicit path, T = S = 1): a floor on the
+    softmax denominator so small that its square underflowed gave 0 / 0 = NaN
+    in the gradient.
+    """
+    g = rng(31 + T)
+    q, k, v = randn(g, 2, 3, T, 3), randn(g, 2, 3, S, 3), randn(g, 2, 3, S, 3)
+    bias = randn(g, T, S)
+    bias[row] = -np.inf
+    probe = randn(g, 2, 3, T, 3)
+
+    def loss(q, k, v):
+        out = sdpa(q, k, v, bias=bias, implementation=path)
+        return keras.ops.sum(out * keras.ops.convert_to_tensor(probe))
+
+    _, grads = _device.value_and_grad(loss, [q, k, v])
+    for name, grad in zip("qkv", grads, strict=True):
+        assert np.isfinite(grad).all(), f"{path}: non-finite gradient of {name}"
+    np.testing.assert_array_equal(grads[0][:, :, row], 0.0)
+    out = to_numpy(sdpa(q, k, v, bias=bias, implementation=path))
+    np.testing.assert_array_equal(out[:, :, row], 0.0)
+    expected, _ = reference.scaled_dot_product_attention(q, k, v, bias=bias)
+    assert_close(out, expected)
+
+
+@pytest.mark.requires_trainable_backend
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("T,S", [(6, 6), (3, 7), (7, 5)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gradients_match_reference(path, T, S, with_bias):
