@@ -4,6 +4,8 @@ Each check raises a `ValueError` that names the argument and ends with
 "Received: name=value", before any computation happens.
 """
 
+import numbers
+
 import keras
 import numpy as np
 from keras import ops
@@ -18,6 +20,7 @@ __all__ = [
     "check_positive_float",
     "check_positive_int",
     "check_rank",
+    "concrete_value",
     "dtype_of",
 ]
 
@@ -79,6 +82,25 @@ def check_broadcastable(name, shape, target, layout):
             f"`{name}` must be broadcastable to {layout} = {tuple(target)}. "
             f"Received: {name}.shape={shape}"
         )
+
+
+def concrete_value(x):
+    """The value of `x` as a NumPy array when it is known now; None when traced.
+
+    Python and NumPy values and eager tensors of every backend have a value;
+    a `KerasTensor`, a JAX tracer (under `jax.jit` or a loop) and a symbolic
+    TensorFlow tensor (under `tf.function`) do not, and each backend refuses
+    to convert those to NumPy. No backend is imported: the refusal is the
+    test.
+    """
+    if isinstance(x, (numbers.Number, np.ndarray, np.generic)):
+        return np.asarray(x)
+    if isinstance(x, keras.KerasTensor):
+        return None
+    try:
+        return np.asarray(ops.convert_to_numpy(x))
+    except Exception:  # JAX's TracerArrayConversionError, TF's NotImplementedError, ...
+        return None
 
 
 def dtype_of(x):

@@ -16,16 +16,28 @@ cross-attention over a precomputed memory) every slot is written, and query i
 sits at `S_max - T + i`.
 """
 
+import contextlib
+import contextvars
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._paths import paths_taken
 from keras_attn._shapes import static_shape
-from keras_attn._validation import check_positive_int, dtype_of
+from keras_attn._validation import check_positive_int, concrete_value, dtype_of
 
-__all__ = ["cached_positional_mask", "check_cache", "check_cache_update_index", "empty_cache"]
+__all__ = [
+    "cached_positional_mask",
+    "check_cache",
+    "check_cache_update_index",
+    "check_generation_slots",
+    "empty_cache",
+    "generation_slots",
+    "index_in_range",
+    "poison",
+]
 
 
 def empty_cache(layer, batch_size, max_length, dtype=None):
@@ -77,32 +89,98 @@ def check_cache(cache, batch_size, kv_heads, head_dim):
 
 
 def check_cache_update_index(cache_update_index, new_length, max_length):
-    """A non-negative int with room for `new_length` keys, or a scalar int tensor.
+    """A position with room for `new_length` keys: an int, or a scalar int32 tensor if traced.
 
-    A tensor index (traced under `jit`) cannot be range-checked here; it is
-    the caller's promise that `cache_update_index + new_length <= S_max`.
+    Every index whose value is known now is range-checked, whatever carries
+    it: a Python or NumPy integer, a 0-d NumPy array, or an eager tensor of
+    any backend (read with `keras.ops.convert_to_numpy`; Keras turns NumPy
+    values into tensors, so "a tensor" does not mean "traced"). Only an index
+    traced by a compiler (`jax.jit`, `tf.function`) has no value yet: it is
+    returned as an int32 tensor, and the caller guards the write with
+    `index_in_range` so that an out-of-range index gives NaN, never a
+    silently clamped write.
+
+    Returns:
+        A Python int (the value was known) or a scalar int32 tensor (traced).
     """
     index = cache_update_index
-    if isinstance(index, bool):
-        pass  # falls through to the error: True is not a position
-    elif isinstance(index, numbers.Integral):
-        index = int(index)
-        if index < 0 or (new_length is not None and index + new_length > max_length):
-            raise ValueError(
-                f"`cache_update_index` must be in [0, S_max - S_new] = "
-                f"[0, {max_length} - {new_length}]: the {new_length} new keys must fit in "
-                f"the cache. Received: cache_update_index={index}")
-        return index
-    elif hasattr(index, "shape") and hasattr(index, "dtype"):
-        dtype = keras.backend.standardize_dtype(index.dtype)
-        if len(index.shape) == 0 and "int" in dtype:
-            return ops.cast(index, "int32")
+    if isinstance(index, (bool, np.bool_)) or index is None:
         raise ValueError(
             "`cache_update_index` must be an int or a scalar integer tensor. "
-            f"Received: cache_update_index with shape={tuple(index.shape)}, dtype={dtype}")
-    raise ValueError(
-        "`cache_update_index` must be an int or a scalar integer tensor. "
-        f"Received: cache_update_index={index!r}")
+            f"Received: cache_update_index={index!r}")
+    if not isinstance(index, numbers.Integral):
+        if not (hasattr(index, "shape") and hasattr(index, "dtype")):
+            raise ValueError(
+                "`cache_update_index` must be an int or a scalar integer tensor. "
+                f"Received: cache_update_index={index!r}")
+        dtype = keras.backend.standardize_dtype(index.dtype)
+        if len(index.shape) != 0 or "int" not in dtype:
+            raise ValueError(
+                "`cache_update_index` must be an int or a scalar integer tensor. "
+                f"Received: cache_update_index with shape={tuple(index.shape)}, dtype={dtype}")
+        value = concrete_value(index)
+        if value is None:
+            return index if dtype == "int32" else ops.cast(index, "int32")
+        index = value
+    index = int(index)
+    if index < 0 or (new_length is not None and index + new_length > max_length):
+        raise ValueError(
+            f"`cache_update_index` must be in [0, S_max - S_new] = "
+            f"[0, {max_length} - {new_length}]: the {new_length} new keys must fit in "
+            f"the cache. Received: cache_update_index={index}")
+    return index
+
+
+def index_in_range(index, new_length, max_length):
+    """Bool scalar tensor: a traced `index` leaves room for `new_length` keys.
+
+    `ops.slice_update` clamps an out-of-range start (XLA's
+    `dynamic_update_slice`), which would write the keys at the wrong slots
+    while RoPE and the masks use the true position: the layer turns its
+    output and the written keys into NaN instead (`poison`).
+    """
+    return ops.logical_and(ops.greater_equal(index, 0),
+                           ops.less_equal(index, max_length - new_length))
+
+
+def poison(x, ok):
+    """`x` where `ok` (a bool scalar tensor), NaN elsewhere."""
+    return ops.where(ok, x, ops.cast(float("nan"), x.dtype))
+
+
+@contextlib.contextmanager
+def generation_slots(required, max_length):
+    """Inside it, every cache that a call writes part of must hold `required` slots.
+
+    `keras_attn.generation.generate` opens it around its prefill and its
+    loop: a self-attention cache shorter than the generation would otherwise
+    be found out only at the first write past its end, inside a compiled
+    loop. A write that fills a whole cache at once (a cross-attention cache
+    filled from its memory) is not a growing cache and is not checked.
+    """
+    token = _GENERATION.set((required, max_length))
+    try:
+        yield
+    finally:
+        _GENERATION.reset(token)
+
+
+def check_generation_slots(max_length, new_length, layer_name):
+    """Raise if a `generate` is running that needs more slots than this cache has."""
+    need = _GENERATION.get()
+    if need is None or new_length is None or new_length >= max_length:
+        return
+    required, generated = need
+    if max_length < required:
+        raise ValueError(
+            f"`generate(max_length={generated})` writes cache positions 0 to "
+            f"{required - 1}: its caches need S_max >= max_length - 1 = {required} slots, "
+            f"but layer '{layer_name}' was given a cache of S_max={max_length} slots. Make "
+            f"them with `keras_attn.empty_cache(layer, B, max_length)`. Received: "
+            f"max_length={generated}, S_max={max_length}")
+
+
+_GENERATION = contextvars.ContextVar("keras_attn_generation_slots", default=None)
 
 
 def cached_positional_mask(T, max_length, start, new_length, is_causal, window):

@@ -27,7 +27,10 @@ from keras_attn.cache import (
     cached_positional_mask,
     check_cache,
     check_cache_update_index,
+    check_generation_slots,
     empty_cache,
+    index_in_range,
+    poison,
 )
 from keras_attn.layers._common import clone_initializer
 from keras_attn.rotary import rotary_embedding
@@ -152,20 +155,29 @@ class MultiHeadAttention(keras.layers.Layer):
             or None. S_max is the cache length; `value_dim` must equal
             `key_dim`. With a cache, attention runs over the S_max cache
             slots: `key_mask`/`value_mask` are `(B, S_max)` and
-            `attention_mask` broadcasts to `(B, T, S_max)`, over the slots
-            (the query's Keras mask is not used as a key mask).
+            `attention_mask` broadcasts to `(B, T, S_max)`, over the slots,
+            with a last axis of exactly S_max (one slot is a `ValueError`,
+            not a broadcast; the query's Keras mask is not used as a key
+            mask).
         cache_update_index: where this call's S_new new keys and values
             (projected from `key`/`value`, the query for self-attention) are
             written into `cache`: an int or a scalar int tensor (traced
-            under `jit`; one compiled step serves every index). Query i sits
+            under `jit`; one compiled step serves every index). An index
+            whose value is known (a Python or NumPy integer, an eager
+            tensor) must be in `[0, S_max - S_new]`, else `ValueError`; a
+            traced one out of that range makes the output and the written
+            keys NaN (XLA would clamp the write). Query i sits
             at absolute position `cache_update_index + S_new - T + i`
             (`cache_update_index + i` for self-attention), the new keys at
             `cache_update_index + j`, for RoPE, the causal mask and the
             window alike; slots `>= cache_update_index + S_new` (not yet
             written) are never attended, even without the causal mask. None
             with a cache: read-only (cross-attention over a precomputed
-            memory), `key`/`value` are ignored and all S_max slots may be
-            attended, subject to the masks.
+            memory), `key`/`value` are ignored and all S_max slots count as
+            written, subject to the masks: fill such a cache whole (S_new =
+            S_max at index 0, as `TransformerDecoderLayer` requires of its
+            cross-attention cache), or mask the unwritten slots with
+            `key_mask`. An index without a cache is a `ValueError`.
 
     Returns:
         The output `(B, T, output_dim)`, and with
@@ -423,6 +435,13 @@ class MultiHeadAttention(keras.layers.Layer):
         cache_update_index=None,
     ):
         query_mask = query_mask if query_mask is not None else mask
+        if cache is None and cache_update_index is not None:
+            raise ValueError(
+                "`cache_update_index` is where new keys are written into `cache`; without "
+                "a cache it has no meaning. Pass `cache=` (see `keras_attn.empty_cache`) "
+                f"or drop the index. Received: cache=None, "
+                f"cache_update_index={cache_update_index!r}")
+        given_masks = (attention_mask, key_mask, value_mask)  # before the defaults below
         read_only = cache is not None and cache_update_index is None
         if read_only:
             # Keys and values come from the cache alone: `key`/`value` are ignored.
@@ -448,6 +467,8 @@ class MultiHeadAttention(keras.layers.Layer):
             key_shape = key
         key_padding = combine_masks(as_bool_mask("key_mask", key_mask),
                                     as_bool_mask("value_mask", value_mask))
+        if cache is not None:
+            self._check_cache_masks(S, *given_masks)
         mask_4d = self._attention_mask(query, key_shape, attention_mask, key_padding)
         is_causal, window = use_causal_mask, self.sliding_window
         if cache is not None:
@@ -470,7 +491,12 @@ class MultiHeadAttention(keras.layers.Layer):
             has_soft_cap=self.logit_soft_cap is not None, device=device_kind(query),
             cached=cache is not None)
 
-        q, k, v, new_cache = self._project(query, key, value, cache, cache_update_index)
+        # A traced index cannot be range-checked now: an out-of-range one gives NaN.
+        in_range = None
+        if cache is not None and not read_only and not isinstance(cache_update_index, int):
+            in_range = index_in_range(cache_update_index, ops.shape(key)[1], S)
+        q, k, v, new_cache = self._project(query, key, value, cache, cache_update_index,
+                                           in_range)
         scale = 1.0 / math.sqrt(d_k)
         scores = None
         heads_first = not (path == "fused" and 0 not in (T, S))
@@ -491,18 +517,21 @@ class MultiHeadAttention(keras.layers.Layer):
         # (B, T, H, d_v) from the fused path, (B, H, T, d_v) from the others: the
         # output einsum reads either layout, so no transpose back.
         output = self._project_output(attended, heads_first)  # (B, T, output_dim)
+        if in_range is not None:
+            output = poison(output, in_range)
         results = (output, scores) if return_attention_scores else (output,)
         if cache is not None:
             results += (new_cache,)
         return results if len(results) > 1 else output
 
-    def _project(self, query, key, value, cache, cache_update_index):
+    def _project(self, query, key, value, cache, cache_update_index, in_range=None):
         """Queries, keys and values in `(B, L, heads, d)` after qk-norm and RoPE.
 
         With a cache, the new keys and values are written into it at
         `cache_update_index` and the keys and values returned are the
         cache's `(B, S_max, H_kv, d)`; with a read-only cache (no index),
-        `key` and `value` are not used.
+        `key` and `value` are not used. `in_range` (a bool scalar tensor, for
+        a traced index) turns the written keys and values into NaN when false.
 
         Returns:
             `(q, k, v, new_cache)`, `new_cache` None without a cache.
@@ -528,6 +557,8 @@ class MultiHeadAttention(keras.layers.Layer):
             new_cache = cache
         else:
             new = _cast(ops.stack([k, v], axis=1), cache.dtype)  # (B, 2, S_new, H_kv, d)
+            if in_range is not None:
+                new = poison(new, in_range)
             new_cache = ops.slice_update(cache, [0, 0, cache_update_index, 0, 0], new)
         k = _cast(new_cache[:, 0], q.dtype)  # (B, S_max, H_kv, d_k)
         v = _cast(new_cache[:, 1], q.dtype)  # (B, S_max, H_kv, d_v)
@@ -550,7 +581,26 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"The {S_new} new keys (`key`/`value` length, the query's for "
                 f"self-attention) do not fit in a cache of length S_max={S_max}. "
                 f"Received: key.shape={static_shape(key)}, cache.shape={static_shape(cache)}")
+        check_generation_slots(S_max, S_new, self.name)
         return S_max, check_cache_update_index(cache_update_index, S_new, S_max)
+
+    @staticmethod
+    def _check_cache_masks(S_max, attention_mask, key_mask, value_mask):
+        """With a cache, every mask's key axis is the S_max slots: never broadcast.
+
+        A `(B, 1)` key mask on a one-token step would otherwise broadcast over
+        every slot (a False kills the row, a True drops the prompt's padding).
+        """
+        for name, mask in (("attention_mask", attention_mask), ("key_mask", key_mask),
+                           ("value_mask", value_mask)):
+            if mask is None:
+                continue
+            shape = static_shape(mask)
+            if shape and shape[-1] is not None and shape[-1] != S_max:
+                raise ValueError(
+                    f"With a `cache`, `{name}` is over the cache's S_max={S_max} slots: "
+                    f"its last axis must be S_max (mark the cached positions, not only "
+                    f"the new ones). Received: {name}.shape={shape}")
 
     def empty_cache(self, batch_size, max_length, dtype=None):
         """Zeros `(B, 2, S_max, H_kv, d)` for this layer; see `keras_attn.empty_cache`."""

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_attn._shapes import static_shape
 from keras_attn._validation import check_rank
 from keras_attn.attention import combine_masks
 from keras_attn.layers._transformer_base import TransformerLayerBase
@@ -52,14 +53,21 @@ class TransformerDecoderLayer(TransformerLayerBase):
             slots; a Keras mask of `inputs` raises a `ValueError`.
         self_attention_cache_update_index: where the T new tokens are
             written (an int or a scalar int tensor): they are the positions
-            `self_attention_cache_update_index + i`.
+            `self_attention_cache_update_index + i`. Required with
+            `self_attention_cache` (there is no read-only self-attention
+            cache: the new tokens must be written), and a `ValueError`
+            without it. A mask's key axis with a cache is exactly S_max,
+            for T = 1 as for T > 1.
         cross_attention_cache: the cross-attention's cache
             `(B, 2, S, H, d)` (`layer.cross_attention.empty_cache(B, S)`),
             or None; only together with `self_attention_cache`. With
             `cross_attention_cache_update_index=None` it is read-only and
-            `memory` may be None; `memory_padding_mask` is `(B, S)`.
+            `memory` may be None (it is not read); `memory_padding_mask`
+            is `(B, S)`. Its S must equal the memory's length when it is
+            filled: a read-only step attends every slot.
         cross_attention_cache_update_index: 0 to fill the cross cache from
-            `memory` (the usual prefill), or None to read it.
+            `memory` (the usual prefill), or None to read it. A `ValueError`
+            without `cross_attention_cache`.
 
     Returns:
         `(B, T, D)`. With `return_attention_scores=True`, a tuple
@@ -69,7 +77,9 @@ class TransformerDecoderLayer(TransformerLayerBase):
         S_max, and the cross cache's S). With caches, the updated caches follow, as keras-hub's
         `TransformerDecoder`: `(outputs, self_attention_cache)`, or
         `(outputs, self_attention_cache, cross_attention_cache)` when both
-        are given (after the scores, if requested).
+        are given (after the scores, if requested). On symbolic inputs
+        (a Functional model) the same structure comes back as
+        `KerasTensor`s.
     """
 
     def build(self, inputs_shape, memory_shape=None):
@@ -114,6 +124,98 @@ class TransformerDecoderLayer(TransformerLayerBase):
                 f"{tuple(cross_attention_cache.shape)}"
             )
 
+    def _check_call(self, inputs, memory, keras_mask, padding_mask, attention_mask,
+                    memory_padding_mask, memory_attention_mask, self_cache, self_index,
+                    cross_cache, cross_index):
+        """The cache arguments as a set, and their masks, before any computation."""
+        check_rank("inputs", inputs, 3, "(B, T, D)")
+        self._check_memory(memory, cross_cache, cross_index)
+        for cache, index, kind in ((self_cache, self_index, "self"),
+                                   (cross_cache, cross_index, "cross")):
+            if cache is None and index is not None:
+                raise ValueError(
+                    f"`{kind}_attention_cache_update_index` says where to write into "
+                    f"`{kind}_attention_cache`, which was not given. Pass the cache, or "
+                    f"drop the index. Received: {kind}_attention_cache=None, "
+                    f"{kind}_attention_cache_update_index={index!r}")
+        if cross_cache is not None and self_cache is None:
+            raise ValueError(
+                "`cross_attention_cache` is used together with `self_attention_cache` "
+                "(incremental decoding); pass both, or neither. Received: "
+                "self_attention_cache=None, cross_attention_cache.shape="
+                f"{tuple(cross_cache.shape)}")
+        if self_cache is None:
+            return
+        if self_index is None:
+            # Read-only self-attention would never write the new tokens: every
+            # step must say where they go.
+            raise ValueError(
+                "`self_attention_cache` needs `self_attention_cache_update_index`: the "
+                "position where this call's T new tokens are written (0 for the prompt, "
+                "then the number of tokens so far). Received: "
+                f"self_attention_cache.shape={tuple(self_cache.shape)}, "
+                "self_attention_cache_update_index=None")
+        if keras_mask is not None:
+            # The inputs' Keras mask covers the T new tokens; with a cache the
+            # self-attention's keys are the S_max cache slots.
+            raise ValueError(
+                "With `self_attention_cache`, mark padded cache slots with "
+                "`padding_mask` of shape (B, S_max); the Keras mask of `inputs` (B, T) "
+                "does not cover the cached positions. Received: a Keras mask of shape "
+                f"{tuple(keras_mask.shape)}")
+        masks = [("padding_mask", padding_mask, self_cache),
+                 ("attention_mask", attention_mask, self_cache)]
+        if cross_cache is not None:
+            masks += [("memory_padding_mask", memory_padding_mask, cross_cache),
+                      ("memory_attention_mask", memory_attention_mask, cross_cache)]
+            S_max, S = static_shape(cross_cache)[2], None
+            if memory is not None and cross_index is not None:
+                S = static_shape(memory)[1]
+            if None not in (S, S_max) and S != S_max:
+                # Later read-only steps attend every slot of the cross cache: a
+                # slot the memory did not fill would be attended as a zero key.
+                raise ValueError(
+                    f"The cross-attention cache is filled whole from `memory` and then read "
+                    f"over all its slots: its S_max={S_max} must equal the memory's length "
+                    f"S={S} (`layer.cross_attention.empty_cache(B, S)`). Received: "
+                    f"memory.shape={static_shape(memory)}, "
+                    f"cross_attention_cache.shape={static_shape(cross_cache)}")
+        for name, value, cache in masks:
+            if value is None:
+                continue
+            slots, shape = static_shape(cache)[2], static_shape(value)
+            if shape and shape[-1] is not None and shape[-1] != slots:
+                raise ValueError(
+                    f"With a cache, `{name}` is over its S_max={slots} slots: the last axis "
+                    f"must be S_max, for one new token as for many (mark the cached "
+                    f"positions too). Received: {name}.shape={shape}")
+
+    def compute_output_spec(self, inputs, memory=None, padding_mask=None,
+                            memory_padding_mask=None, attention_mask=None,
+                            memory_attention_mask=None, use_causal_mask=True,
+                            return_attention_scores=False, training=None, mask=None,
+                            inputs_mask=None, memory_mask=None, self_attention_cache=None,
+                            self_attention_cache_update_index=None, cross_attention_cache=None,
+                            cross_attention_cache_update_index=None):
+        """`call`'s structure on symbolic inputs: outputs, then scores, then caches."""
+        keras_mask = mask if mask is not None else inputs_mask
+        self._check_call(inputs, memory, keras_mask, padding_mask, attention_mask,
+                         memory_padding_mask, memory_attention_mask, self_attention_cache,
+                         self_attention_cache_update_index, cross_attention_cache,
+                         cross_attention_cache_update_index)
+        B, T = inputs.shape[0], inputs.shape[1]
+        results = [keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)]
+        if return_attention_scores:
+            caches = ((self_attention_cache, inputs), (cross_attention_cache, memory))
+            for cache, keys in caches[:1 + self.has_memory]:
+                S = cache.shape[2] if cache is not None else keys.shape[1]
+                results.append(
+                    keras.KerasTensor((B, self.num_heads, T, S), dtype=self.compute_dtype))
+        for cache in (self_attention_cache, cross_attention_cache):
+            if cache is not None:
+                results.append(keras.KerasTensor(cache.shape, dtype=cache.dtype))
+        return tuple(results) if len(results) > 1 else results[0]
+
     def call(
         self,
         inputs,
@@ -133,23 +235,11 @@ class TransformerDecoderLayer(TransformerLayerBase):
         cross_attention_cache=None,
         cross_attention_cache_update_index=None,
     ):
-        check_rank("inputs", inputs, 3, "(B, T, D)")
-        self._check_memory(memory, cross_attention_cache, cross_attention_cache_update_index)
-        if cross_attention_cache is not None and self_attention_cache is None:
-            raise ValueError(
-                "`cross_attention_cache` is used together with `self_attention_cache` "
-                "(incremental decoding); pass both, or neither. Received: "
-                "self_attention_cache=None, cross_attention_cache.shape="
-                f"{tuple(cross_attention_cache.shape)}")
         keras_mask = mask if mask is not None else inputs_mask
-        if self_attention_cache is not None and keras_mask is not None:
-            # The inputs' Keras mask covers the T new tokens; with a cache the
-            # self-attention's keys are the S_max cache slots.
-            raise ValueError(
-                "With `self_attention_cache`, mark padded cache slots with "
-                "`padding_mask` of shape (B, S_max); the Keras mask of `inputs` (B, T) "
-                "does not cover the cached positions. Received: a Keras mask of shape "
-                f"{tuple(keras_mask.shape)}")
+        self._check_call(inputs, memory, keras_mask, padding_mask, attention_mask,
+                         memory_padding_mask, memory_attention_mask, self_attention_cache,
+                         self_attention_cache_update_index, cross_attention_cache,
+                         cross_attention_cache_update_index)
         self_key_mask = combine_masks(padding_mask, keras_mask)
         scores = [] if return_attention_scores else None
         caches = []

@@ -69,6 +69,16 @@ class TransformerEncoderLayer(TransformerLayerBase):
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
         self.built = True
 
+    def compute_output_spec(self, inputs, padding_mask=None, attention_mask=None,
+                            use_causal_mask=False, return_attention_scores=False,
+                            training=None, mask=None, inputs_mask=None):
+        """`call`'s structure on symbolic inputs: the outputs, and the scores if asked."""
+        output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return output
+        B, T = inputs.shape[0], inputs.shape[1]
+        return output, keras.KerasTensor((B, self.num_heads, T, T), dtype=self.compute_dtype)
+
     def call(
         self,
         inputs,
