@@ -12,8 +12,16 @@ Positions are absolute (see DESIGN.md): with `cache_update_index = u` and
 at `u + S_new - T + i` (bottom-right aligned over the written slots; for
 self-attention S_new = T, so query i is at `u + i`). Slots not yet written
 are never attended. Without an update index (a read-only cache, such as
-cross-attention over a precomputed memory) every slot is written, and query i
-sits at `S_max - T + i`.
+cross-attention over a precomputed memory) every slot counts as written, and
+query i sits at `S_max - T + i`.
+
+What a cache holds is known from its shape alone, so the rules are checked
+where the shapes are: a read-only cache must have been filled whole (the
+decoder refuses a cross-attention cache whose S_max is not its memory's
+length), an index whose value is known is range-checked, a traced one out of
+range turns the step's output NaN (`index_in_range`, `poison`), and
+`generate` declares the slots it will need (`generation_slots`) so that a
+cache too short for it is refused at its first write.
 """
 
 import contextlib
