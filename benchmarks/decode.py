@@ -3,6 +3,7 @@
     python -m benchmarks.decode                         # every backend, default sizes
     python -m benchmarks.decode --backend jax --quick   # small smoke sizes
     python -m benchmarks.decode --json decode.json
+    python -m benchmarks.decode --baseline ../before   # cached step vs another checkout
 
 Model: a stack of 4 Llama-style `keras_attn.TransformerDecoderLayer`s (pre-RMSNorm,
 H=8 query heads over H_kv=2 key/value heads of width 64, RoPE, SwiGLU feed-forward of
@@ -227,13 +228,16 @@ def worker(spec):
 # Parent side.
 
 
-def run_backend(backend, spec, timeout):
+def run_backend(backend, spec, timeout, tree=None):
+    """One worker process; `tree` (a checkout's root) runs that checkout's code instead."""
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+    if tree:
+        env["PYTHONPATH"] = os.path.abspath(tree)
     command = [sys.executable, "-m", "benchmarks.decode", "--worker",
                json.dumps({**spec, "backend": backend})]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+                              timeout=timeout, check=False, cwd=tree)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -265,6 +269,27 @@ def table(results, spec):
     return "\n".join(lines)
 
 
+def compare(backends, spec, timeout, baseline):
+    """Baseline and this tree, interleaved (A B A B) per backend: cached step ratios."""
+    print("| backend | cached step, baseline (ms) | cached step, this tree (ms) | "
+          "this / baseline |\n|---|---|---|---:|")
+    for backend in backends:
+        runs = {"baseline": [], "this": []}
+        for _ in range(2):
+            for name, tree in (("baseline", baseline), ("this", None)):
+                print(f"[decode] {backend} {name} ...", file=sys.stderr, flush=True)
+                result = run_backend(backend, spec, timeout, tree)
+                if "error" in result:
+                    print(f"| {backend} | {name}: error {result['error']} | | |")
+                    return 1
+                runs[name].append(result["cached_median"])
+        before, after = (statistics.median(runs[n]) for n in ("baseline", "this"))
+        print(f"| {backend} | {' / '.join(f'{t:.2f}' for t in runs['baseline'])} | "
+              f"{' / '.join(f'{t:.2f}' for t in runs['this'])} | {after / before:.3f} |",
+              flush=True)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default=None,
@@ -273,6 +298,10 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=None, help="timing rounds (default 3)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per backend")
+    parser.add_argument("--baseline", default=None, metavar="DIR",
+                        help="another checkout (e.g. a `git worktree` of the previous "
+                        "commit): its workers and this one's alternate, twice each per "
+                        "backend, and the cached steps are compared")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -282,6 +311,8 @@ def main(argv=None):
     if args.rounds:
         spec["rounds"] = args.rounds
     backends = args.backend.split(",") if args.backend else list(BACKENDS)
+    if args.baseline:
+        return compare(backends, spec, args.timeout, args.baseline)
     results = {}
     for backend in backends:
         print(f"[decode] {backend} ...", file=sys.stderr, flush=True)
