@@ -9,10 +9,11 @@ prompt length, L `max_length`, V vocabulary size.
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._shapes import static_shape
-from keras_attn._validation import check_positive_int
+from keras_attn._validation import check_positive_int, dtype_of
 
 __all__ = ["generate"]
 
@@ -21,28 +22,51 @@ def generate(next_token_fn, prompt, max_length, cache, *, end_token_id=None, tem
              top_k=None, seed=None):
     """Extend `prompt` token by token up to `max_length`, greedy or sampled.
 
+    The contract of `next_token_fn(token_ids, cache, cache_update_index)`:
+
+    - `token_ids` is int32 `(B, T)`: the whole prompt once (the prefill:
+      T = P, `cache_update_index` 0), then one token at a time (T = 1) at
+      position `cache_update_index`, a scalar int32 tensor (traced inside
+      the loop, so it must not drive Python control flow).
+    - It returns a tuple `(logits, cache)`. `logits` is floating
+      `(B, T, V)`; only the last position is used, so `(B, 1, V)` is
+      accepted on the prefill too. `cache` is whatever the function keeps
+      between calls (a tensor, or a list/tuple/dict of tensors such as one
+      `keras_attn.empty_cache(layer, B, L)` per decoder layer): it must
+      come back with the structure (`keras.tree`: a list stays a list),
+      the shapes and the dtypes it was given.
+
+    The contract is checked on the prefill and on the first decoding step
+    (at trace time, from static shapes, inside a compiled loop); a
+    violation is a `ValueError` that states it.
+
+    Stop tokens: with `end_token_id` set, a row stops at the first
+    generated token that is one of the stop tokens. That token stays in
+    place; every later position of the row holds the *first* stop token of
+    the list (the only one, for a single id). The loop ends early once
+    every row has stopped.
+
     Args:
         next_token_fn: `fn(token_ids, cache, cache_update_index) ->
-            (logits, new_cache)`. `token_ids` is int32 `(B, T)`: the prompt
-            (T = P, `cache_update_index` 0) once, then one token (T = 1) at a
-            time, at position `cache_update_index` (a scalar int32 tensor:
-            traced inside the loop, so it must not drive Python control
-            flow). `logits` is `(B, T, V)`, floating; only the last row is
-            used. `cache` is whatever the function keeps between calls
-            (a tensor or a list/tuple/dict of tensors, such as one
-            `keras_attn.empty_cache(layer, B, L)` per decoder layer); its
-            structure and shapes must not change.
-        prompt: int `(B, P)`, every row a full P tokens long (padding, if
-            any, is `next_token_fn`'s to mask), `0 < P < L`.
+            (logits, cache)`, as above.
+        prompt: int `(B, P)` (a tensor, a NumPy array or nested lists),
+            every row a full P tokens long, `0 < P < L`. Padding, if any,
+            is `next_token_fn`'s to mask (see the example).
         max_length: L, the length of the returned sequences (prompt
             included). Caches must hold at least L - 1 positions.
         cache: the initial cache passed to the first call.
-        end_token_id: a row stops at this token: everything after it is
-            `end_token_id`, and the loop ends once every row has emitted
-            it. None: always generate to `max_length`.
-        temperature: 0 (default) for greedy decoding (argmax); > 0 to
-            sample from `softmax(logits / temperature)`.
-        top_k: with sampling, draw only among the k most likely tokens.
+        end_token_id: None (always generate to `max_length`), one stop
+            token id (a Python or NumPy int, a 0-d integer array or
+            tensor), or several (a non-empty list/tuple of ints, or a 1-d
+            integer array or tensor). Ids must satisfy `0 <= id < V` (V is
+            checked once the prefill's logits are known) and, if tensors,
+            be concrete: generate reads their values with
+            `keras.ops.convert_to_numpy`, so a tensor traced by `jax.jit`
+            or `tf.function` is refused.
+        temperature: 0 (default) for greedy decoding (argmax); a finite
+            number > 0 to sample from `softmax(logits / temperature)`.
+        top_k: with sampling, draw only among the k most likely tokens
+            (a positive int).
         seed: an int or a `keras.random.SeedGenerator` for sampling. The
             noise of every step is drawn once before the loop (Gumbel-max:
             `argmax(logits / temperature + Gumbel noise)` is an exact
@@ -51,6 +75,57 @@ def generate(next_token_fn, prompt, max_length, cache, *, end_token_id=None, tem
 
     Returns:
         int32 `(B, L)`: the prompt, then the generated tokens.
+
+    Example:
+
+    Prompts of different real lengths, padded on the left with a pad id
+    to one length P (so that every row's last prompt token is real, and
+    the prefill's last logits are every row's next-token logits). The
+    padding is masked inside `next_token_fn` by one key mask over the L
+    cache slots (True = a real token: the prompt's real tokens, then
+    every generated one), the same at every call. Rotary position
+    embeddings see only relative positions, so the shift that the padding
+    gives a row's positions does not matter; absolute position embeddings
+    would need each row's offset.
+
+    The embedding has `mask_zero=True`, as one trained on padded batches
+    may: called as a layer it attaches a `(B, T)` Keras mask to its
+    output, which a decoder call with a cache refuses (it does not cover
+    the cache slots). The step looks the vectors up with
+    `keras.ops.take(embedding.embeddings, ...)` instead, which attaches no
+    Keras mask, and passes the padding as `padding_mask` `(B, L)`.
+
+    ```python
+    import keras
+    import numpy as np
+    from keras import ops
+
+    import keras_attn
+    from keras_attn.generation import generate
+
+    B, P, L, V, D, PAD = 2, 3, 7, 11, 8, 0
+    embedding = keras.layers.Embedding(V, D, mask_zero=True)
+    decoder = keras_attn.TransformerDecoderLayer(
+        2, intermediate_dim=16, key_dim=4, rope_max_wavelength=100.0)
+    head = keras.layers.Dense(V)
+    embedding.build((B, L))
+    decoder.build((B, L, D))
+    head.build((B, L, D))
+
+    prompt = np.array([[5, 6, 7],      # 3 real tokens
+                       [PAD, PAD, 8]])  # 1 real token, padded on the left
+    padding_mask = np.concatenate(      # (B, L), over the cache slots
+        [prompt != PAD, np.ones((B, L - P), bool)], axis=1)
+
+    def next_token_fn(token_ids, cache, index):
+        x = ops.take(embedding.embeddings, token_ids, axis=0)  # no Keras mask
+        x, cache = decoder(x, padding_mask=padding_mask, self_attention_cache=cache,
+                           self_attention_cache_update_index=index)
+        return head(x), cache
+
+    tokens = generate(next_token_fn, prompt, L, keras_attn.empty_cache(decoder, B, L),
+                      end_token_id=[1, 2])  # (B, L) int32
+    ```
     """
     prompt = ops.convert_to_tensor(prompt)
     shape = static_shape(prompt)
@@ -63,14 +138,19 @@ def generate(next_token_fn, prompt, max_length, cache, *, end_token_id=None, tem
         raise ValueError(
             "`prompt` needs a static shape (B, P) with 0 < P < max_length. "
             f"Received: prompt.shape={shape}, max_length={max_length}")
-    if not isinstance(temperature, numbers.Real) or temperature < 0:
-        raise ValueError(
-            f"`temperature` must be a float >= 0. Received: temperature={temperature!r}")
+    temperature = _check_temperature(temperature)
     top_k = check_positive_int("top_k", top_k, allow_none=True)
+    stops = _stop_token_ids(end_token_id)  # a tuple of Python ints, () for None
     prompt = ops.cast(prompt, "int32")
 
-    logits, cache = next_token_fn(prompt, cache, ops.convert_to_tensor(0, "int32"))
+    logits, cache = _check_returned(
+        next_token_fn(prompt, cache, ops.convert_to_tensor(0, "int32")),
+        cache, batch, prompt_length, None, prefill=True)
     vocabulary = static_shape(logits)[-1]
+    if vocabulary is not None and any(stop >= vocabulary for stop in stops):
+        raise ValueError(
+            f"`end_token_id` must hold token ids < V = {vocabulary} (the last axis of "
+            f"the logits). Received: end_token_id={_describe(end_token_id)}")
     noise = None
     if temperature > 0:
         # One (B, V) slab of Gumbel noise per generated token: (L - P, B, V).
@@ -89,23 +169,33 @@ def generate(next_token_fn, prompt, max_length, cache, *, end_token_id=None, tem
             logits = ops.where(logits < kth, float("-inf"), logits)
         return ops.cast(ops.argmax(logits + ops.take(noise, step, axis=0), axis=-1), "int32")
 
-    fill = 0 if end_token_id is None else int(end_token_id)
+    fill = stops[0] if stops else 0
     tokens = ops.full((batch, max_length), fill, dtype="int32")
     tokens = ops.slice_update(tokens, [0, 0], prompt)
     first = choose(logits[:, -1], 0)
     done = ops.zeros((batch,), dtype="bool")
-    first, done = _finish(first, done, end_token_id)
+    first, done = _finish(first, done, stops)
     tokens = ops.slice_update(tokens, [0, prompt_length], ops.expand_dims(first, 1))
 
     def cond(index, tokens, cache, done):
         return ops.logical_and(ops.less(index, max_length - 1),
                                ops.logical_not(ops.all(done)))
 
+    # The first step's result is checked once: at trace time in a compiled
+    # loop, and not again at every step of an eager (PyTorch, NumPy) one.
+    step_checked = []
+
     def body(index, tokens, cache, done):
         token = ops.slice(tokens, [0, index], [batch, 1])  # (B, 1)
-        logits, cache = next_token_fn(token, cache, index)
+        result = next_token_fn(token, cache, index)
+        if step_checked:
+            logits, cache = result
+        else:
+            logits, cache = _check_returned(result, cache, batch, 1, vocabulary,
+                                            prefill=False)
+            step_checked.append(True)
         chosen = choose(logits[:, -1], index - prompt_length + 1)
-        chosen, done = _finish(chosen, done, end_token_id)
+        chosen, done = _finish(chosen, done, stops)
         tokens = ops.slice_update(tokens, [0, index + 1], ops.expand_dims(chosen, 1))
         return index + 1, tokens, cache, done
 
@@ -114,9 +204,169 @@ def generate(next_token_fn, prompt, max_length, cache, *, end_token_id=None, tem
     return tokens
 
 
-def _finish(chosen, done, end_token_id):
-    """Rows already done emit `end_token_id`; a row that emits it is done."""
-    if end_token_id is None:
+def _finish(chosen, done, stops):
+    """Rows already done emit the first stop token; a row that emits any stop token is done."""
+    if not stops:
         return chosen, done
-    chosen = ops.where(done, end_token_id, chosen)
-    return chosen, ops.logical_or(done, ops.equal(chosen, end_token_id))
+    chosen = ops.where(done, stops[0], chosen)
+    hit = ops.equal(chosen, stops[0])
+    for stop in stops[1:]:
+        hit = ops.logical_or(hit, ops.equal(chosen, stop))
+    return chosen, ops.logical_or(done, hit)
+
+
+def _check_temperature(temperature):
+    """A finite number >= 0 (Python or NumPy, not a bool), as a Python float."""
+    if (isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real)
+            or not (np.isfinite(temperature) and temperature >= 0)):
+        raise ValueError(
+            "`temperature` must be a finite number >= 0 (0 for greedy decoding). "
+            f"Received: temperature={temperature!r}")
+    return float(temperature)
+
+
+_END_TOKEN_RULE = (
+    "`end_token_id` must be None, a token id (a non-negative int: Python, NumPy, or a "
+    "0-d integer array or tensor) or several (a non-empty list/tuple of them, or a 1-d "
+    "integer array or tensor)")
+
+
+def _stop_token_ids(end_token_id):
+    """The stop tokens as a tuple of Python ints (in the order given), () for None."""
+    if end_token_id is None:
+        return ()
+
+    def fail(detail=""):
+        raise ValueError(f"{_END_TOKEN_RULE}{detail}. Received: "
+                         f"end_token_id={_describe(end_token_id)}")
+
+    if isinstance(end_token_id, (list, tuple)):
+        values = []
+        for item in end_token_id:
+            item = _integer_values(item, fail)
+            if item.ndim != 0:
+                fail(" (a list/tuple holds scalar ids)")
+            values.append(item)
+        values = np.asarray(values, "int64")
+    else:
+        values = _integer_values(end_token_id, fail)
+        if values.ndim > 1:
+            fail(f" (rank 0 or 1, not {values.ndim})")
+    values = values.reshape(-1)
+    if values.size == 0:
+        fail(" (at least one id)")
+    if (values < 0).any():
+        fail(" (ids are >= 0)")
+    return tuple(int(v) for v in values)
+
+
+def _integer_values(value, fail):
+    """`value` as a NumPy integer array, or `fail()` for floats, bools and non-numbers."""
+    if isinstance(value, (bool, np.bool_)):
+        fail()
+    if isinstance(value, numbers.Integral):
+        return np.asarray(int(value), "int64")
+    if isinstance(value, (np.ndarray, np.generic)):
+        array = value
+    elif ops.is_tensor(value) or hasattr(value, "__array__"):
+        try:
+            array = ops.convert_to_numpy(value) if ops.is_tensor(value) else np.asarray(value)
+        except Exception:  # a tensor traced by jax.jit / tf.function has no value yet
+            array = None
+        if array is None:
+            fail(" whose value is known when `generate` is called (not a tensor "
+                 "traced by jax.jit or tf.function)")
+        array = np.asarray(array)
+    else:
+        fail()
+    if array.dtype.kind not in "iu":
+        fail()
+    return np.asarray(array, "int64")
+
+
+def _describe(value):
+    """`value` for an error message, on one line (tensors and arrays with their dtype)."""
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_describe(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    if isinstance(value, (np.ndarray, np.generic)):
+        return repr(value).replace("\n", "")
+    if ops.is_tensor(value):
+        dtype = dtype_of(value)
+        try:
+            shown = np.asarray(ops.convert_to_numpy(value)).tolist()
+        except Exception:
+            shown = "traced"
+        return f"tensor({shown}, shape={static_shape(value)}, dtype={dtype})"
+    return repr(value)
+
+
+def _check_returned(result, given, batch, length, vocabulary, prefill):
+    """`result` is `(logits (B, T, V) floating, cache like given)`; returns it as a pair.
+
+    Python-level and static shapes only, so that it runs at trace time too.
+    `length` is T; `vocabulary` V, or None where not yet known; `prefill` says
+    which call this is.
+    """
+    call = "the prefill" if prefill else "a decoding step"
+    expected = f"({batch}, {length}, {'V' if vocabulary is None else vocabulary})"
+    also = "" if length == 1 else f" (or ({batch}, 1, V))"
+
+    def fail(received):
+        raise ValueError(
+            f"`next_token_fn` must return `(logits, cache)`: logits (B, T, V) = {expected}"
+            f"{also} floating, and the cache with the structure, shapes and dtypes it was "
+            f"given (checked on {call}, T = {length}). Received: {received}")
+
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        fail(f"{_summary(result)}, not a pair `(logits, cache)`")
+    logits, cache = result
+    if not _is_array(logits):
+        fail(f"logits={_summary(logits)}")
+    shape = static_shape(logits)
+    if len(shape) != 3 or shape[0] not in (None, batch) or shape[1] not in (None, length, 1) \
+            or (vocabulary is not None and shape[2] not in (None, vocabulary)):
+        fail(f"logits.shape={shape}")
+    if "float" not in dtype_of(logits):
+        fail(f"logits.dtype={dtype_of(logits)}")
+    try:
+        keras.tree.assert_same_structure(given, cache)
+    except (ValueError, TypeError):
+        fail(f"a cache of structure {_shapes(cache)} for {_shapes(given)}")
+    for (path, before), after in zip(keras.tree.flatten_with_path(given),
+                                     keras.tree.flatten(cache)):
+        name = "cache" + "".join(f"[{key!r}]" for key in path)
+        if not _is_array(before):
+            continue  # nothing to compare with (a None or a Python value was given)
+        if not _is_array(after):
+            fail(f"{name}={_summary(after)} for a tensor of shape {static_shape(before)}")
+        old, new = static_shape(before), static_shape(after)
+        if len(old) != len(new) or any(a is not None and b is not None and a != b
+                                       for a, b in zip(old, new)):
+            fail(f"{name}.shape={new} for {old}")
+        # On the prefill, a NumPy array given to a backend other than NumPy may come
+        # back as that backend's tensor of another dtype (JAX makes float64 float32);
+        # the loop needs exact dtypes, which the first step's check compares.
+        if (not prefill or ops.is_tensor(before)) \
+                and dtype_of(before) != dtype_of(after):
+            fail(f"{name}.dtype={dtype_of(after)} for {dtype_of(before)}")
+    return logits, cache
+
+
+def _is_array(x):
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _summary(x):
+    """A short description: type, and shape and dtype for tensors."""
+    if _is_array(x):
+        return f"{type(x).__name__} of shape {static_shape(x)} and dtype {dtype_of(x)}"
+    if isinstance(x, (tuple, list)):
+        return f"{type(x).__name__} of length {len(x)}"
+    return repr(x) if x is None else type(x).__name__
+
+
+def _shapes(structure):
+    """`structure` with each tensor replaced by its static shape, for messages."""
+    return keras.tree.map_structure(
+        lambda x: static_shape(x) if _is_array(x) else x, structure)
