@@ -13,7 +13,8 @@ import numpy as np
 from keras import ops
 
 from keras_attn._shapes import static_shape
-from keras_attn._validation import check_positive_int, dtype_of
+from keras_attn._validation import check_positive_int, concrete_value, dtype_of
+from keras_attn.cache import generation_slots
 
 __all__ = ["generate"]
 
@@ -142,7 +143,26 @@ def generate(next_token_fn, prompt, max_length, cache, *, end_token_id=None, tem
     top_k = check_positive_int("top_k", top_k, allow_none=True)
     stops = _stop_token_ids(end_token_id)  # a tuple of Python ints, () for None
     prompt = ops.cast(prompt, "int32")
+    # Every cache written during the generation must hold positions 0 .. L - 2 (the
+    # last token is chosen, never fed): each layer checks its cache at its first write.
+    with generation_slots(max_length - 1, max_length):
+        tokens = _generate(next_token_fn, prompt, max_length, cache, stops, end_token_id,
+                           temperature, top_k, seed)
+    bad = concrete_value(ops.any(ops.less(tokens, 0)))
+    if bad is not None and bool(bad):
+        raise ValueError(
+            "`next_token_fn` returned NaN or infinite logits during the generation (a "
+            "generated id is -1 where it did): a cache written past its end inside a "
+            "compiled step gives NaN (see `keras_attn.MultiHeadAttention`'s "
+            f"`cache_update_index`); caches need max_length - 1 = {max_length - 1} slots. "
+            f"Received: max_length={max_length}")
+    return tokens
 
+
+def _generate(next_token_fn, prompt, max_length, cache, stops, end_token_id, temperature,
+              top_k, seed):
+    """The prefill and the decoding loop, on checked arguments."""
+    batch, prompt_length = static_shape(prompt)
     logits, cache = _check_returned(
         next_token_fn(prompt, cache, ops.convert_to_tensor(0, "int32")),
         cache, batch, prompt_length, None, prefill=True)
@@ -159,15 +179,21 @@ def generate(next_token_fn, prompt, max_length, cache, *, end_token_id=None, tem
         noise = -ops.log(-ops.log(uniform))
 
     def choose(logits, step):
-        """The next token `(B,)` from the last logits `(B, V)`; `step` counts from 0."""
+        """The next token `(B,)` from the last logits `(B, V)`; `step` counts from 0.
+
+        A row whose logits are not all finite gets -1: no id, visibly (see above).
+        """
         logits = ops.cast(logits, "float32")
+        finite = ops.all(ops.isfinite(logits), axis=-1)  # (B,)
         if noise is None:
-            return ops.cast(ops.argmax(logits, axis=-1), "int32")
-        logits = logits / temperature
-        if top_k is not None:
-            kth = ops.top_k(logits, min(top_k, vocabulary))[0][:, -1:]  # (B, 1)
-            logits = ops.where(logits < kth, float("-inf"), logits)
-        return ops.cast(ops.argmax(logits + ops.take(noise, step, axis=0), axis=-1), "int32")
+            chosen = ops.argmax(logits, axis=-1)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                kth = ops.top_k(logits, min(top_k, vocabulary))[0][:, -1:]  # (B, 1)
+                logits = ops.where(logits < kth, float("-inf"), logits)
+            chosen = ops.argmax(logits + ops.take(noise, step, axis=0), axis=-1)
+        return ops.where(finite, ops.cast(chosen, "int32"), -1)
 
     fill = stops[0] if stops else 0
     tokens = ops.full((batch, max_length), fill, dtype="int32")
@@ -186,7 +212,8 @@ def generate(next_token_fn, prompt, max_length, cache, *, end_token_id=None, tem
     step_checked = []
 
     def body(index, tokens, cache, done):
-        token = ops.slice(tokens, [0, index], [batch, 1])  # (B, 1)
+        # (B, 1); a -1 (non-finite logits, see `choose`) is fed as id 0, never as -1.
+        token = ops.maximum(ops.slice(tokens, [0, index], [batch, 1]), 0)
         result = next_token_fn(token, cache, index)
         if step_checked:
             logits, cache = result
@@ -269,14 +296,10 @@ def _integer_values(value, fail):
     if isinstance(value, (np.ndarray, np.generic)):
         array = value
     elif ops.is_tensor(value) or hasattr(value, "__array__"):
-        try:
-            array = ops.convert_to_numpy(value) if ops.is_tensor(value) else np.asarray(value)
-        except Exception:  # a tensor traced by jax.jit / tf.function has no value yet
-            array = None
+        array = concrete_value(value)
         if array is None:
             fail(" whose value is known when `generate` is called (not a tensor "
                  "traced by jax.jit or tf.function)")
-        array = np.asarray(array)
     else:
         fail()
     if array.dtype.kind not in "iu":
@@ -293,10 +316,8 @@ def _describe(value):
         return repr(value).replace("\n", "")
     if ops.is_tensor(value):
         dtype = dtype_of(value)
-        try:
-            shown = np.asarray(ops.convert_to_numpy(value)).tolist()
-        except Exception:
-            shown = "traced"
+        shown = concrete_value(value)
+        shown = "traced" if shown is None else shown.tolist()
         return f"tensor({shown}, shape={static_shape(value)}, dtype={dtype})"
     return repr(value)
 

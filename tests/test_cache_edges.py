@@ -265,6 +265,48 @@ def test_generate_refuses_a_cache_shorter_than_the_generation():
                            rf"Received: max_length=8, S_max={slots}"):
             generate(next_token, prompt, 8, keras_attn.empty_cache(block, B, slots))
     generate(next_token, prompt, 8, keras_attn.empty_cache(block, B, 7))
+    compiled = _compiled(lambda p, c: generate(next_token, p, 8, c))
+    if compiled is not None:  # the whole generation traced: refused at trace time
+        with pytest.raises(ValueError, match=r"Received: max_length=8, S_max=6"):
+            compiled(ops.convert_to_tensor(prompt), keras_attn.empty_cache(block, B, 6))
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="needs a tracing compiler: "
+                    "eager steps check every index's value")
+def test_generate_with_a_step_compiled_earlier_still_refuses_a_short_cache():
+    """A step traced before (a cache hit) skips the layer's check: NaN, then -1, then a ValueError."""
+    block, next_token = _block_lm()
+    step = _compiled(next_token)
+    prompt = np.array([[1, 2, 3], [4, 5, 6]], "int32")
+    cache = keras_attn.empty_cache(block, B, 5)
+    good = to_numpy(generate(step, prompt, 6, cache))  # traces the step: 5 slots suffice
+    np.testing.assert_array_equal(good, to_numpy(generate(next_token, prompt, 6, cache)))
+    with pytest.raises(ValueError, match=r"NaN or infinite logits.*Received: max_length=8"):
+        generate(step, prompt, 8, cache)
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="needs a tracing compiler")
+def test_shape_checks_hold_inside_a_compiled_step(seq2seq):
+    """The checks read static shapes only: a traced step raises them at trace time."""
+    layer, x, memory, _ = seq2seq
+    self_cache = keras_attn.empty_cache(layer, B, S_MAX)
+
+    def too_long_cross(token, memory, cache, index):
+        return layer(token, memory, self_attention_cache=cache,
+                     self_attention_cache_update_index=index,
+                     cross_attention_cache=layer.cross_attention.empty_cache(B, 7),
+                     cross_attention_cache_update_index=0)
+
+    def one_slot_mask(token, memory, cache, index):
+        return layer(token, memory, self_attention_cache=cache,
+                     self_attention_cache_update_index=index,
+                     padding_mask=ops.ones((B, 1), "bool"))
+
+    for fn, message in ((too_long_cross, r"S_max=7 must equal the memory's length S=5"),
+                        (one_slot_mask, r"Received: padding_mask.shape=\(2, 1\)")):
+        with pytest.raises(ValueError, match=message):
+            _compiled(fn)(ops.convert_to_tensor(x[:, :1]), ops.convert_to_tensor(memory),
+                          self_cache, ops.convert_to_tensor(0, "int32"))
 
 
 # ----------------------------------------------------------------------------
