@@ -334,10 +334,12 @@ class MultiHeadAttention(keras.layers.Layer):
         `EinsumDense`), reading the `Dense` kernel `(in, H * d)` as
         `(in, H, d)` (a free reshape). This measured faster than `Dense` +
         reshape in JAX's compiled train step; the weights are the same.
+        In float16 it is `dense(x)` (a matmul) and a reshape
+        (`_einsum_sums_in_float32`).
         """
         heads = heads or self.num_heads
-        if not self._plain(dense):
-            y = dense(x)
+        if not self._plain(dense) or not _einsum_sums_in_float32(x):
+            y = dense(x)  # (B, L, heads * d): Dense's own matmul
             return ops.reshape(y, (ops.shape(y)[0], ops.shape(y)[1], heads, head_dim))
         kernel = ops.reshape(dense.kernel, (dense.kernel.shape[0], heads, head_dim))
         y = ops.einsum("bli,ihd->blhd", x, kernel)
@@ -347,13 +349,15 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _project_output(self, attended, heads_first=False):
         """`output_dense` applied to `(B, T, H, d_v)` (or `(B, H, T, d_v)` when
-        `heads_first`), contracting heads and width."""
+        `heads_first`), contracting heads and width: one einsum, or in float16
+        a reshape and `dense` (a matmul; `_einsum_sums_in_float32`)."""
         dense = self.output_dense
-        if not self._plain(dense):
+        if not self._plain(dense) or not _einsum_sums_in_float32(attended):
             if heads_first:
                 attended = ops.swapaxes(attended, 1, 2)  # (B, T, H, d_v)
             B, T = ops.shape(attended)[0], ops.shape(attended)[1]
-            return dense(ops.reshape(attended, (B, T, self.num_heads * self.head_value_dim)))
+            attended = ops.reshape(attended, (B, T, self.num_heads * self.head_value_dim))
+            return dense(attended)
         kernel = ops.reshape(dense.kernel, (self.num_heads, self.head_value_dim, -1))
         y = ops.einsum("bhtd,hdo->bto" if heads_first else "bthd,hdo->bto", attended, kernel)
         if dense.bias is not None:
@@ -515,7 +519,8 @@ class MultiHeadAttention(keras.layers.Layer):
             if return_attention_scores:
                 attended, scores = attended
         # (B, T, H, d_v) from the fused path, (B, H, T, d_v) from the others: the
-        # output einsum reads either layout, so no transpose back.
+        # output einsum reads either layout, so no transpose back (float16: see
+        # `_einsum_sums_in_float32`).
         output = self._project_output(attended, heads_first)  # (B, T, output_dim)
         if in_range is not None:
             output = poison(output, in_range)
@@ -735,6 +740,24 @@ def check_attention_options(num_heads, key_dim=None, *, num_key_value_heads=None
         "logit_soft_cap": check_positive_float("logit_soft_cap", logit_soft_cap, allow_none=True),
         "qk_norm": qk_norm,
     }
+
+
+def _einsum_sums_in_float32(x):
+    """Whether the projections of `x` may run as one `ops.einsum`: not in float16.
+
+    Every backend's `ops.matmul` sums float16 products in float32 and rounds
+    once; their einsums do not all. NumPy's (`np.einsum` in float16, under
+    Keras's NumPy backend) rounds every partial sum to float16, 2-3x the
+    error of one rounding, and TensorFlow's sums the heads of the heads-first
+    output projection (`bhtd,hdo->bto`) in float16. That failed the float16
+    parity of cached decoding on NumPy (2.2e-2 from the float64 reference,
+    1.8e-2 from TensorFlow), so float16 projections are matmuls: the same
+    rule on every backend. float32 and bfloat16 keep the einsum (NumPy runs
+    a bfloat16 einsum in float32): the matmul form of the input projections
+    measured 8-10% slower in JAX's compiled train step (CPU, B=8 T=128
+    D=256 H=8).
+    """
+    return keras.backend.standardize_dtype(x.dtype) != "float16"
 
 
 def _cast(x, dtype):
