@@ -39,12 +39,16 @@ from keras_attn._validation import check_positive_int, concrete_value, dtype_of
 __all__ = [
     "cached_positional_mask",
     "check_cache",
+    "check_cache_call",
+    "check_cache_masks",
     "check_cache_update_index",
     "check_generation_slots",
     "empty_cache",
     "generation_slots",
     "index_in_range",
     "poison",
+    "positions",
+    "write",
 ]
 
 
@@ -189,6 +193,89 @@ def check_generation_slots(max_length, new_length, layer_name):
 
 
 _GENERATION = contextvars.ContextVar("keras_attn_generation_slots", default=None)
+
+
+def check_cache_call(cache, batch_size, kv_heads, key_dim, value_dim, key_shape,
+                     cache_update_index, layer_name):
+    """Everything about a call with a cache, before any computation.
+
+    Args:
+        cache: the `cache` argument, `(B, 2, S_max, H_kv, d)`.
+        batch_size, kv_heads, key_dim, value_dim: the layer's B, H_kv, d_k, d_v.
+        key_shape: the static shape of the keys to write, `(B, S_new, k_dim)`
+            (unused for a read-only call).
+        cache_update_index: the index, or None for a read-only call.
+        layer_name: for the messages.
+
+    Returns:
+        `(S_max, index)`: the index as `check_cache_update_index` returns it
+        (None for a read-only call).
+    """
+    if value_dim != key_dim:
+        raise ValueError(
+            "A key/value cache stores keys and values in one tensor "
+            "(B, 2, S_max, H_kv, d): `value_dim` must equal `key_dim`. "
+            f"Received: key_dim={key_dim}, value_dim={value_dim}")
+    S_max = check_cache(cache, batch_size, kv_heads, key_dim)[2]
+    if cache_update_index is None:
+        return S_max, None
+    new_length = key_shape[1]
+    if new_length is not None and new_length > S_max:
+        raise ValueError(
+            f"The {new_length} new keys (`key`/`value` length, the query's for "
+            f"self-attention) do not fit in a cache of length S_max={S_max}. "
+            f"Received: key.shape={key_shape}, cache.shape={static_shape(cache)}")
+    check_generation_slots(S_max, new_length, layer_name)
+    return S_max, check_cache_update_index(cache_update_index, new_length, S_max)
+
+
+def check_cache_masks(S_max, **masks):
+    """With a cache, every mask's key axis is the S_max slots: never broadcast.
+
+    A `(B, 1)` key mask on a one-token step would otherwise broadcast over
+    every slot (a False kills the row, a True drops the prompt's padding).
+    `masks` maps each argument's name to its value (None: not given).
+    """
+    for name, mask in masks.items():
+        if mask is None:
+            continue
+        shape = static_shape(mask)
+        if shape and shape[-1] is not None and shape[-1] != S_max:
+            raise ValueError(
+                f"With a `cache`, `{name}` is over the cache's S_max={S_max} slots: "
+                f"its last axis must be S_max (mark the cached positions, not only "
+                f"the new ones). Received: {name}.shape={shape}")
+
+
+def positions(T, new_length, start=0):
+    """Absolute positions `(T,)` of the queries and `(S_new,)` of the keys.
+
+    The `S_new` keys sit at `start + j` and the T queries end where they
+    end (bottom-right aligned): query i is at `start + S_new - T + i`.
+    Without a cache `start` is 0 and S_new = S; a read-only cache is all
+    written (`start` 0, S_new = S_max). `start` may be a traced tensor.
+    """
+    end = start + new_length  # one past the last key's position
+    return (ops.arange(T, dtype="int32") + (end - T),
+            ops.arange(new_length, dtype="int32") + start)
+
+
+def write(cache, keys, values, cache_update_index, in_range=None):
+    """Write `(B, S_new, H_kv, d)` keys and values at `cache_update_index`.
+
+    `in_range` (a bool scalar tensor, for a traced index) turns what is
+    written into NaN when false (see `index_in_range`).
+
+    Returns:
+        The new cache `(B, 2, S_max, H_kv, d)`.
+    """
+    new = ops.stack([keys, values], axis=1)  # (B, 2, S_new, H_kv, d)
+    if keras.backend.standardize_dtype(new.dtype) != keras.backend.standardize_dtype(
+            cache.dtype):
+        new = ops.cast(new, cache.dtype)
+    if in_range is not None:
+        new = poison(new, in_range)
+    return ops.slice_update(cache, [0, 0, cache_update_index, 0, 0], new)
 
 
 def cached_positional_mask(T, max_length, start, new_length, is_causal, window):

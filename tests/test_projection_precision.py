@@ -4,7 +4,7 @@ NumPy's einsum rounds every partial sum to float16 (and TensorFlow's sums the
 heads of the heads-first output projection in float16), which made the NumPy
 backend fail the float16 parity of cached decoding; the projections of
 `MultiHeadAttention` are matmuls in float16 so that every backend computes
-the same thing (see `_einsum_sums_in_float32`).
+the same thing (see `keras_attn.layers._projection.einsum_sums_in_float32`).
 """
 
 import keras
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import keras_attn
+from keras_attn.layers._projection import project_heads, project_output
 
 from .helpers import to_numpy
 
@@ -49,7 +50,7 @@ def _assert_one_rounding(actual, x, kernel):
 def test_float16_input_projection_rounds_once():
     layer, g = _layer()
     x = g.standard_normal((2, 3, WIDTH)).astype("float16")
-    y = layer._project_heads(layer.query_dense, keras.ops.convert_to_tensor(x), HEAD_DIM)
+    y = project_heads(layer.query_dense, keras.ops.convert_to_tensor(x), HEADS, HEAD_DIM)
     assert tuple(y.shape) == (2, 3, HEADS, HEAD_DIM)
     _assert_one_rounding(y, x, to_numpy(layer.query_dense.kernel))
 
@@ -59,7 +60,8 @@ def test_float16_output_projection_rounds_once(heads_first):
     layer, g = _layer()
     attended = g.standard_normal((2, 3, HEADS, HEAD_DIM)).astype("float16")  # (B, T, H, d_v)
     given = np.swapaxes(attended, 1, 2) if heads_first else attended
-    y = layer._project_output(keras.ops.convert_to_tensor(given), heads_first)
+    y = project_output(layer.output_dense, keras.ops.convert_to_tensor(given), HEADS, HEAD_DIM,
+                       heads_first)
     assert tuple(y.shape) == (2, 3, WIDTH)
     _assert_one_rounding(y, attended.reshape(2, 3, HEADS * HEAD_DIM),
                          to_numpy(layer.output_dense.kernel))

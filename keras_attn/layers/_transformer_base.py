@@ -5,7 +5,8 @@ import keras
 from keras_attn._validation import check_dropout, check_positive_int
 from keras_attn.layers._common import clone_initializer
 from keras_attn.layers.feed_forward import PositionwiseFeedForward
-from keras_attn.layers.multi_head_attention import MultiHeadAttention, check_attention_options
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.options import AttentionOptions
 
 __all__ = ["TransformerLayerBase"]
 
@@ -72,11 +73,11 @@ class TransformerLayerBase(keras.layers.Layer):
         self.use_bias = bool(use_bias)
         self.gated_feed_forward = bool(gated_feed_forward)
         # The self-attention's options, checked now rather than at build.
-        self.attention_options = check_attention_options(
-            self.num_heads, self.key_dim, num_key_value_heads=num_key_value_heads,
-            rope_max_wavelength=rope_max_wavelength, rope_scaling_factor=rope_scaling_factor,
-            rope_interleaved=rope_interleaved, sliding_window=sliding_window,
-            logit_soft_cap=logit_soft_cap, qk_norm=qk_norm)
+        self.options = AttentionOptions(
+            num_key_value_heads=num_key_value_heads, rope_max_wavelength=rope_max_wavelength,
+            rope_scaling_factor=rope_scaling_factor, rope_interleaved=rope_interleaved,
+            sliding_window=sliding_window, logit_soft_cap=logit_soft_cap, qk_norm=qk_norm,
+        ).for_heads(self.num_heads, self.key_dim)
         self.supports_masking = True
 
     def _head_dim(self, model_dim):
@@ -100,7 +101,7 @@ class TransformerLayerBase(keras.layers.Layer):
 
     def _attention(self, name, model_dim, query_shape, key_shape, self_attention=True):
         """An attention sublayer; the GQA/RoPE/window/cap/qk-norm options are self-attention's."""
-        options = self.attention_options if self_attention else {}
+        options = self.options.get_config(epsilon=False) if self_attention else {}
         layer = MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=self._head_dim(model_dim),
@@ -197,7 +198,7 @@ class TransformerLayerBase(keras.layers.Layer):
             "normalize_first": self.normalize_first,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            **self.attention_options,
+            **self.options.get_config(epsilon=False),
             "normalization": self.normalization,
             "use_bias": self.use_bias,
             "gated_feed_forward": self.gated_feed_forward,

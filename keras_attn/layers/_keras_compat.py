@@ -1,0 +1,199 @@
+"""Keras's `MultiHeadAttention` arguments and override point, in this package's terms.
+
+`output_shape`, `attention_axes` and `flash_attention` are Keras's constructor
+arguments; `_compute_attention` is Keras's documented hook for subclasses
+(keras-hub's layers override it). Shapes: B batch, T query length, S key
+length, H heads, H_kv key/value heads, d_k / d_v head widths.
+"""
+
+from keras import ops
+
+from keras_attn._shapes import static_shape
+from keras_attn._validation import (
+    as_bool_mask,
+    check_broadcastable,
+    check_floating,
+    check_positive_int,
+    check_rank,
+)
+from keras_attn.attention import combine_masks
+
+__all__ = [
+    "call_keras_hook",
+    "check_attention_axes",
+    "check_flash_attention",
+    "check_inputs",
+    "implementation_from_flash",
+    "merge_masks",
+    "output_dim_from_shape",
+    "resolve_inputs",
+]
+
+
+def output_dim_from_shape(output_dim, output_shape):
+    """Keras's `output_shape` (an int or a 1-tuple) as `output_dim`.
+
+    A multi-dimensional `output_shape` (Keras projects onto several axes) is
+    a deliberate difference: this layer's output is `(B, T, output_dim)`.
+    """
+    if output_shape is None:
+        return output_dim
+    shape = (output_shape,) if isinstance(output_shape, int) else tuple(output_shape)
+    if len(shape) != 1:
+        raise ValueError(
+            "`output_shape` must be an int or a 1-tuple (the output width; this layer "
+            f"takes rank-3 inputs). Received: output_shape={output_shape!r}"
+        )
+    width = check_positive_int("output_shape", shape[0])
+    if output_dim is not None and output_dim != width:
+        raise ValueError(
+            "`output_dim` and `output_shape` name the same width; give one. "
+            f"Received: output_dim={output_dim}, output_shape={output_shape!r}"
+        )
+    return width
+
+
+def check_attention_axes(attention_axes):
+    """Only Keras's default axis is supported: attention over the time axis of `(B, T, dim)`."""
+    if attention_axes is None:
+        return
+    axes = (attention_axes,) if isinstance(attention_axes, int) else tuple(attention_axes)
+    if axes not in ((1,), (-2,)):
+        raise ValueError(
+            "`attention_axes` other than the default (the time axis of (B, T, dim) "
+            "inputs: None, 1 or -2) are not supported; reshape the extra axes into the "
+            f"batch instead. Received: attention_axes={attention_axes!r}"
+        )
+
+
+def implementation_from_flash(implementation, flash_attention):
+    """Keras's `flash_attention` flag in terms of `implementation`."""
+    if flash_attention is None:
+        return implementation
+    wanted = "fused" if flash_attention else "explicit"
+    if implementation not in ("auto", wanted):
+        raise ValueError(
+            f"`flash_attention={flash_attention}` means implementation='{wanted}', which "
+            f"conflicts with implementation='{implementation}'. Give one of them. "
+            f"Received: flash_attention={flash_attention!r}, implementation={implementation!r}"
+        )
+    return wanted
+
+
+def check_flash_attention(flash_attention, dropout=0.0, return_attention_scores=False):
+    """As Keras: flash attention has neither attention dropout nor scores.
+
+    Only an explicit `flash_attention=True` raises; `implementation="fused"`
+    (this package's name) computes scores and dropout on the explicit path.
+    """
+    if not flash_attention:
+        return
+    if dropout > 0.0:
+        raise ValueError(
+            "Dropout is not supported when flash attention is enabled (as in Keras): set "
+            "`dropout=0.0`, or use `implementation='fused'`, which runs dropout on the "
+            f"explicit path. Received: flash_attention=True, dropout={dropout}")
+    if return_attention_scores:
+        raise ValueError(
+            "Returning attention scores is not supported when flash attention is enabled "
+            "(as in Keras): use `implementation='fused'` (scores then come from the "
+            "explicit path) or `flash_attention=None`. Received: flash_attention=True, "
+            "return_attention_scores=True")
+
+
+def call_keras_hook(layer, query, key, value, mask, training, return_attention_scores,
+                    is_causal):
+    """A subclass's own `_compute_attention`, called with Keras's layout and signature.
+
+    Keras passes H heads for keys and values: grouped ones are repeated.
+    `mask` is the whole boolean mask `(B, H|1, T, S)` (causal, window and
+    cache slots included, so `use_causal_mask` is False then) or None with
+    `is_causal` for a plain lower-right triangle.
+
+    Returns:
+        `(output (B, T, H, d_v), scores or None)`.
+    """
+    group = layer.num_heads // layer.num_key_value_heads
+    if group > 1:
+        key = ops.repeat(key, group, axis=2)  # (B, S, H, d_k)
+        value = ops.repeat(value, group, axis=2)  # (B, S, H, d_v)
+    output, scores = layer._compute_attention(
+        query, key, value, attention_mask=mask, training=training,
+        return_attention_scores=return_attention_scores, use_causal_mask=is_causal)
+    return output, scores
+
+
+def resolve_inputs(query, value, key, query_mask, value_mask, key_mask, cache, read_only):
+    """Keras's defaults: `key` is `value`, `value` is `query` (self-attention), masks follow.
+
+    With a cache and neither `value` nor `key`, the query is the source of
+    the new keys, but its Keras mask marks query rows `(B, T)`, not cache
+    slots `(B, S_max)`: it does not become the key mask. A read-only cache
+    takes no keys at all.
+
+    Returns:
+        `(value, key, value_mask, key_mask)`.
+    """
+    if read_only:
+        return None, None, value_mask, key_mask
+    if cache is not None and value is None and key is None:
+        value = query
+    if value is None and key is None:  # self-attention
+        value, value_mask = query, (value_mask if value_mask is not None else query_mask)
+    elif value is None:
+        value, value_mask = key, (value_mask if value_mask is not None else key_mask)
+    if key is None:
+        key, key_mask = value, (key_mask if key_mask is not None else value_mask)
+    return value, key, value_mask, key_mask
+
+
+def check_inputs(layer, query, value, key):
+    """Ranks, dtypes, batch and length agreement, and the built widths.
+
+    `value` and `key` None (a read-only cache) are not checked.
+    """
+    shapes = {}
+    for name, x, layout in (("query", query, "(B, T, q_dim)"),
+                            ("value", value, "(B, S, v_dim)"),
+                            ("key", key, "(B, S, k_dim)")):
+        if x is None:
+            continue
+        shapes[name] = check_rank(name, x, 3, layout)
+        check_floating(name, x)
+    batches = {n: s[0] for n, s in shapes.items() if s[0] is not None}
+    if len(set(batches.values())) > 1:
+        raise ValueError(
+            "`query`, `value` and `key` must have the same batch size B. Received: "
+            + ", ".join(f"{n}.shape={shapes[n]}" for n in shapes))
+    S_key, S_value = shapes.get("key", (0, 0))[1], shapes.get("value", (0, 0))[1]
+    if None not in (S_key, S_value) and S_key != S_value:
+        raise ValueError(
+            "`key` and `value` must have the same length S. "
+            f"Received: key.shape={shapes['key']}, value.shape={shapes['value']}")
+    if not layer.built:
+        return
+    for name, dense in (("query", layer.query_dense), ("value", layer.value_dense),
+                        ("key", layer.key_dense)):
+        if name in shapes and shapes[name][-1] not in (None, dense.kernel.shape[0]):
+            raise ValueError(
+                f"Layer '{layer.name}' was built for `{name}` of width "
+                f"{dense.kernel.shape[0]}, and cannot be called on another width. "
+                f"Received: {name}.shape={shapes[name]}")
+
+
+def merge_masks(B, T, S, H, attention_mask, key_padding):
+    """The explicit mask and the key padding `(B, S)` as one bool `(B, H|1, T, S)`."""
+    attention_mask = as_bool_mask("attention_mask", attention_mask)
+    if attention_mask is not None:
+        rank = len(static_shape(attention_mask))
+        if rank == 4:
+            check_broadcastable("attention_mask", attention_mask, (B, H, T, S), "(B, H, T, S)")
+        else:
+            check_broadcastable("attention_mask", attention_mask, (B, T, S), "(B, T, S)")
+            if rank == 3:
+                attention_mask = ops.expand_dims(attention_mask, 1)  # (B, 1, T, S)
+            # rank < 3 ((T, S) or (S,)) already broadcasts from the right.
+    if key_padding is not None:
+        check_broadcastable("key_mask", key_padding, (B, S), "(B, S)")
+        key_padding = ops.expand_dims(ops.expand_dims(key_padding, 1), 1)  # (B, 1, 1, S)
+    return combine_masks(attention_mask, key_padding)

@@ -1,0 +1,101 @@
+"""The projections of `MultiHeadAttention`: inputs into heads, heads into the output.
+
+Dimension letters: B batch, L a sequence length (T or S), H heads (or H_kv),
+d a head width, D_out the output width. The sublayers are plain
+`keras.layers.Dense` (public weight names `query_dense`, `key_dense`,
+`value_dense`, `output_dense`); their kernels `(in, H * d)` are read as
+`(in, H, d)` by a free reshape.
+"""
+
+import keras
+from keras import ops
+
+from keras_attn.layers._common import clone_initializer
+
+__all__ = ["dense", "einsum_sums_in_float32", "project_heads", "project_output", "qk_norm_layer"]
+
+
+def dense(layer, units, name):
+    """A `Dense` sublayer of `layer` with its initializers, regularizers and constraints."""
+    return keras.layers.Dense(
+        units,
+        use_bias=layer.use_bias,
+        kernel_initializer=clone_initializer(layer.kernel_initializer),
+        bias_initializer=clone_initializer(layer.bias_initializer),
+        kernel_regularizer=layer.kernel_regularizer,
+        bias_regularizer=layer.bias_regularizer,
+        kernel_constraint=layer.kernel_constraint,
+        bias_constraint=layer.bias_constraint,
+        dtype=layer.dtype_policy,
+        name=name,
+    )
+
+
+def qk_norm_layer(kind, epsilon, head_dim, dtype, name):
+    """`query_norm` / `key_norm`: one scale over d, shared by the heads."""
+    cls = keras.layers.RMSNormalization if kind == "rms" else keras.layers.LayerNormalization
+    layer = cls(epsilon=epsilon, dtype=dtype, name=name)
+    layer.build((None, None, None, head_dim))
+    return layer
+
+
+def _plain(dense):
+    """Whether `dense` computes `x @ kernel + bias` (no LoRA, no quantization)."""
+    return not getattr(dense, "lora_enabled", False) and not getattr(
+        dense, "quantization_mode", None)
+
+
+def einsum_sums_in_float32(x):
+    """Whether the projections of `x` may run as one `ops.einsum`: not in float16.
+
+    Every backend's `ops.matmul` sums float16 products in float32 and rounds
+    once; their einsums do not all. NumPy's (`np.einsum` in float16, under
+    Keras's NumPy backend) rounds every partial sum to float16, 2-3x the
+    error of one rounding, and TensorFlow's sums the heads of the heads-first
+    output projection (`bhtd,hdo->bto`) in float16. That failed the float16
+    parity of cached decoding on NumPy (2.2e-2 from the float64 reference,
+    1.8e-2 from TensorFlow), so float16 projections are matmuls: the same
+    rule on every backend. float32 and bfloat16 keep the einsum (NumPy runs
+    a bfloat16 einsum in float32): the matmul form of the input projections
+    measured 8-10% slower in JAX's compiled train step (CPU, B=8 T=128
+    D=256 H=8).
+    """
+    return keras.backend.standardize_dtype(x.dtype) != "float16"
+
+
+def project_heads(dense, x, heads, head_dim):
+    """`dense(x)` `(B, L, in)` as `(B, L, heads, d)`.
+
+    One einsum into the heads layout (as Keras's own MHA does with
+    `EinsumDense`). This measured faster than `Dense` + reshape in JAX's
+    compiled train step; the weights are the same. A LoRA or quantized
+    `Dense`, and float16 (`einsum_sums_in_float32`), go through `dense(x)`
+    and a reshape.
+    """
+    if not _plain(dense) or not einsum_sums_in_float32(x):
+        y = dense(x)  # (B, L, heads * d)
+        return ops.reshape(y, (ops.shape(y)[0], ops.shape(y)[1], heads, head_dim))
+    kernel = ops.reshape(dense.kernel, (dense.kernel.shape[0], heads, head_dim))
+    y = ops.einsum("bli,ihd->blhd", x, kernel)
+    if dense.bias is not None:
+        y = y + ops.reshape(dense.bias, (heads, head_dim))
+    return y
+
+
+def project_output(dense, attended, heads, head_dim, heads_first=False):
+    """`dense` over `(B, T, H, d_v)` (`(B, H, T, d_v)` if `heads_first`): `(B, T, D_out)`.
+
+    One einsum contracts heads and width in either layout, so no transpose
+    back (the decode step measured faster so); a LoRA or quantized `Dense`,
+    and float16, get `(B, T, H * d_v)` and `dense`.
+    """
+    if not _plain(dense) or not einsum_sums_in_float32(attended):
+        if heads_first:
+            attended = ops.swapaxes(attended, 1, 2)  # (B, T, H, d_v)
+        B, T = ops.shape(attended)[0], ops.shape(attended)[1]
+        return dense(ops.reshape(attended, (B, T, heads * head_dim)))  # (B, T, D_out)
+    kernel = ops.reshape(dense.kernel, (heads, head_dim, -1))  # (H, d_v, D_out)
+    y = ops.einsum("bhtd,hdo->bto" if heads_first else "bthd,hdo->bto", attended, kernel)
+    if dense.bias is not None:
+        y = y + dense.bias
+    return y
