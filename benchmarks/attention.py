@@ -5,6 +5,7 @@ Run on the current backend (KERAS_BACKEND, or `--backend NAME`):
     python -m benchmarks.attention            # default sizes
     python -m benchmarks.attention --quick    # two small sizes, 3 repeats
     python -m benchmarks.attention --sizes 8x256x256x8,1x16384x256x4
+    python -m benchmarks.attention --quick --json bench.json  # and the rows as JSON
 
 Sizes are `BxTxDxH` (batch, sequence length, model width, heads); attention
 is causal self-attention in float32. For each size the three contenders are
@@ -43,13 +44,11 @@ attention setting is left at its default (enabled where the kernel applies).
 """
 
 import argparse
-import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
-import time
+
+from benchmarks import _common as common
 
 DEFAULT_SIZES = "8x128x256x8,8x256x256x8,4x1024x256x8,2x4096x256x8,1x16384x256x4"
 QUICK_SIZES = "8x128x256x8,8x256x256x8"
@@ -58,10 +57,6 @@ CONTENDERS = ("keras_attn", "keras", "native")
 # logits, weights and temporaries), measured roughly on this machine.
 MATERIALISING_BYTES = {"forward": {"jax": 10, "tensorflow": 16, "torch": 12, "numpy": 16},
                        "train": {"jax": 24, "tensorflow": 32, "torch": 28, "numpy": 32}}
-
-
-def _rss_gib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
 
 
 def parse_sizes(text):
@@ -140,13 +135,9 @@ def _gemm_worker(repeats):
         matmul = tf.function(lambda x, y: tf.matmul(x, y), jit_compile=True)
     else:
         matmul = keras.ops.matmul
-    times = []
-    for _ in range(repeats + 2):
-        start = time.perf_counter()
-        keras.ops.convert_to_numpy(matmul(a, a))
-        times.append(time.perf_counter() - start)
-    median = statistics.median(times[2:])
-    return {"gemm_gflops": 2 * n**3 / median / 1e9}
+    run = lambda: keras.ops.convert_to_numpy(matmul(a, a))
+    times = common.interleaved({"gemm": run}, repeats, warmup=2)
+    return {"gemm_gflops": 2 * n**3 / statistics.median(times["gemm"]) / 1e9}
 
 
 def _build(contender, mode, B, T, D, H):
@@ -183,36 +174,21 @@ def _build(contender, mode, B, T, D, H):
 def _interleaved_worker(contenders, mode, B, T, D, H, repeats):
     """All contenders in one process, timed in turn (A B C A B C ...)."""
     runs = {c: _build(c, mode, B, T, D, H) for c in contenders}
-    for run in runs.values():
-        run()  # compile / warm up
-        run()
-    times = {c: [] for c in contenders}
-    for _ in range(repeats):
-        for c, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[c].append(time.perf_counter() - start)
-    return {"median_s": {c: statistics.median(t) for c, t in times.items()},
-            "runs": repeats}
+    times = common.interleaved(runs, repeats, warmup=2)  # compile / warm up
+    return {"median_s": common.medians(times), "runs": repeats}
 
 
 def _model_worker(contender, mode, B, T, D, H, repeats, budget_s):
     import keras_attn  # noqa: F401  (the baseline includes Keras and the backend)
 
-    rss_base = _rss_gib()
+    rss_base = common.peak_rss_gib()
     run = _build(contender, mode, B, T, D, H)
-    start = time.perf_counter()
-    run()  # compile / warm up
-    first = time.perf_counter() - start
+    first = common.timed(run)  # compile / warm up
     times = []
-    spent = 0.0
-    while len(times) < repeats and (len(times) < 2 or spent < budget_s):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-        spent += times[-1]
+    while len(times) < repeats and (len(times) < 2 or sum(times) < budget_s):
+        times.append(common.timed(run))
     return {"median_s": statistics.median(times), "runs": len(times), "first_s": first,
-            "rss_base_gib": rss_base, "rss_peak_gib": _rss_gib()}
+            "rss_base_gib": rss_base, "rss_peak_gib": common.peak_rss_gib()}
 
 
 def _tf32_setting():
@@ -222,20 +198,17 @@ def _tf32_setting():
 
 
 def worker(spec):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if _tf32_setting() != "default":
         from keras_attn import _device
 
         (_device.allow_tf32 if _tf32_setting() == "allowed" else _device.disable_tf32)()
     if spec["kind"] == "gemm":
-        result = _gemm_worker(spec["repeats"])
-    elif spec["kind"] == "interleaved":
-        result = _interleaved_worker(spec["contenders"], spec["mode"], *spec["size"],
-                                     spec["repeats"])
-    else:
-        result = _model_worker(spec["contender"], spec["mode"], *spec["size"],
-                               spec["repeats"], spec["budget_s"])
-    print("RESULT " + json.dumps(result), flush=True)
+        return _gemm_worker(spec["repeats"])
+    if spec["kind"] == "interleaved":
+        return _interleaved_worker(spec["contenders"], spec["mode"], *spec["size"],
+                                   spec["repeats"])
+    return _model_worker(spec["contender"], spec["mode"], *spec["size"], spec["repeats"],
+                         spec["budget_s"])
 
 
 # ----------------------------------------------------------------------------
@@ -243,16 +216,7 @@ def worker(spec):
 
 
 def _spawn(spec, timeout):
-    cmd = [sys.executable, "-m", "benchmarks.attention", "--worker", json.dumps(spec)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout}s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    return {"error": f"exit {proc.returncode}: {tail[0][:200]}"}
+    return common.spawn("benchmarks.attention", spec, timeout)
 
 
 def _skip_reason(backend, contender, mode, size, mem_limit_gib, train_max_t):
@@ -278,8 +242,9 @@ def _fmt(value, spec="{:.3f}"):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=None, help=f"BxTxDxH list (default {DEFAULT_SIZES})")
-    parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}, 3 repeats")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per config")
+    common.add_options(parser, backend="env", quick=f"sizes {QUICK_SIZES}, 3 repeats",
+                       rounds=("--repeats", None, "timed runs per config"),
+                       timeout=("--timeout-s", 900, "per configuration"))
     parser.add_argument("--budget-s", type=float, default=20.0,
                         help="stop repeating a config after this much timed work (min 2 runs)")
     parser.add_argument("--modes", default="forward,train")
@@ -288,14 +253,9 @@ def main(argv=None):
     parser.add_argument("--train-max-t", type=int, default=4096)
     parser.add_argument("--interleave-max-t", type=int, default=4096,
                         help="time contenders interleaved in one process up to this T")
-    parser.add_argument("--timeout-s", type=int, default=900, help="per configuration")
-    parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--backend", default=None,
-                        help="set KERAS_BACKEND (default: the environment's)")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(json.loads(args.worker))
+        return common.worker_main(worker, args.worker)
     if args.backend:
         os.environ["KERAS_BACKEND"] = args.backend  # inherited by the workers
 
@@ -305,15 +265,14 @@ def main(argv=None):
 
     backend = keras.backend.backend()
     sizes = parse_sizes(args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES))
-    repeats = args.repeats or (3 if args.quick else 10)
+    repeats = args.rounds or (3 if args.quick else 10)
     modes = [m for m in args.modes.split(",") if m]
     contenders = [c for c in args.contenders.split(",") if c]
     info = _device.describe()
     print(f"# backend {backend} {info['backend_version']}, keras {info['keras']}, "
-          f"{info['device']}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
-          f"TF32 {_tf32_setting()}", flush=True)
+          f"{info['device']}, {common.machine()}, TF32 {_tf32_setting()}", flush=True)
 
-    gemm = _spawn({"kind": "gemm", "repeats": repeats}, args.timeout_s)
+    gemm = _spawn({"kind": "gemm", "repeats": repeats}, args.timeout)
     gflops = gemm.get("gemm_gflops")
     print(f"# float32 GEMM (2048^3): {_fmt(gflops, '{:.1f}')} GFLOP/s", flush=True)
 
@@ -326,7 +285,7 @@ def main(argv=None):
             if len(runnable) > 1 and size[1] <= args.interleave_max_t:
                 label = f"{'x'.join(map(str, size))} {mode:7s} interleaved {'/'.join(runnable)}"
                 together = _spawn({"kind": "interleaved", "contenders": runnable, "mode": mode,
-                                   "size": list(size), "repeats": repeats}, args.timeout_s)
+                                   "size": list(size), "repeats": repeats}, args.timeout)
                 status = together.get("error") or ", ".join(
                     f"{c} {t * 1e3:.1f} ms" for c, t in together["median_s"].items())
                 print(f"{label}: {status}", flush=True)
@@ -341,7 +300,7 @@ def main(argv=None):
                         print(f"... {label}", end="", flush=True)
                     result = _spawn({"kind": "model", "contender": contender, "mode": mode,
                                      "size": list(size), "repeats": repeats,
-                                     "budget_s": args.budget_s}, args.timeout_s)
+                                     "budget_s": args.budget_s}, args.timeout)
                     status = result.get("error") or (
                         f"{result['median_s'] * 1e3:.1f} ms, peak {result['rss_peak_gib']:.2f} GiB")
                     print(f"\r{label} {status}" if sys.stdout.isatty() else f"{label} {status}",
@@ -355,9 +314,8 @@ def main(argv=None):
     print()
     print(table(rows, gflops, backend))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"backend": backend, "info": info, "tf32": _tf32_setting(),
-                       "gemm_gflops": gflops, "rows": rows}, f, indent=1)
+        common.write_json(args.json, {"backend": backend, "info": info, "tf32": _tf32_setting(),
+                                      "gemm_gflops": gflops, "rows": rows})
 
 
 def table(rows, gflops, backend):

@@ -36,10 +36,9 @@ matplotlib) shows best-blockwise / fused over T for every series.
 import argparse
 import json
 import os
-import statistics
 import time
 
-from benchmarks.modern import _spawn as spawn_worker
+from benchmarks import _common as common
 
 BLOCK_SIZES = (128, 256, 512)
 AUTO_TARGET = 1.05  # auto / best of fused and blockwise, at every point
@@ -114,28 +113,17 @@ def time_worker(spec):
     config.set_attention_block_size(None)
     # Rounds: at least `repeats`, more (up to 60) while a round is short, so that
     # millisecond-scale points get enough samples for a stable median.
-    start = time.perf_counter()
-    for run in runs.values():
-        run()
-    round_s = time.perf_counter() - start
+    round_s = common.timed(lambda: [run() for run in runs.values()])
     rounds = max(spec["repeats"], min(60, int(spec["budget_s"] / max(round_s, 1e-6))))
-    times = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {"median_s": {n: statistics.median(t) for n, t in times.items()}, "paths": paths,
-            "rounds": rounds}
+    times = common.interleaved(runs, rounds)
+    return {"median_s": common.medians(times), "paths": paths, "rounds": rounds}
 
 
 def worker(spec):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    os.environ["KERAS_BACKEND"] = spec["backend"]
     if spec["backend"] == "torch":
         # Before torch is imported; see benchmarks/README.md (OpenMP on a loaded machine).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    print("RESULT " + json.dumps(time_worker(spec)), flush=True)
+    return time_worker(spec)
 
 
 # ----------------------------------------------------------------------------
@@ -143,7 +131,7 @@ def worker(spec):
 
 
 def _spawn(spec, timeout):
-    return spawn_worker(spec, timeout, "benchmarks.crossover")
+    return common.spawn("benchmarks.crossover", spec, timeout)
 
 
 def best_of(medians):
@@ -168,7 +156,7 @@ def run_grid(args):
     results = []
     start_all = time.perf_counter()
     for i, point in enumerate(points, 1):
-        spec = {**point, "backend": args.backend, "repeats": args.repeats,
+        spec = {**point, "backend": args.backend, "repeats": args.rounds,
                 "budget_s": args.budget_s,
                 "tf_xla": not args.no_tf_xla,
                 "names": contenders(point["T"], point["S"], args.block_sizes)}
@@ -263,27 +251,23 @@ def plot(results, backend, path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "jax"),
-                        choices=("tensorflow", "jax", "torch"))
-    parser.add_argument("--quick", action="store_true", help="a few small points, 3 repeats")
+    common.add_options(parser, backend="one", quick="a few small points, 3 repeats",
+                       rounds=("--repeats", None, None),
+                       timeout=("--timeout", 600, "seconds per point"))
     parser.add_argument("--series", help="comma-separated substrings of series names to run")
     parser.add_argument("--steps", default="forward,train")
     parser.add_argument("--block-sizes", default=",".join(map(str, BLOCK_SIZES)),
                         type=lambda s: tuple(int(n) for n in s.split(",")))
-    parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--train-max-t", type=int, default=2048,
                         help="longest T timed for the train step (longer: forward only)")
     parser.add_argument("--budget-s", type=float, default=4.0,
                         help="timed seconds per point and step (more rounds while they are short)")
     parser.add_argument("--no-tf-xla", action="store_true")
-    parser.add_argument("--timeout", type=int, default=600, help="seconds per point")
-    parser.add_argument("--json")
     parser.add_argument("--from-json", help="print the table (and --plot) of a saved run")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
     if args.worker:
-        worker(json.loads(args.worker))
+        common.worker_main(worker, args.worker)
         return
     if args.from_json:
         os.environ["KERAS_BACKEND"] = "numpy"  # the policy's block rule only; no backend runs
@@ -293,14 +277,13 @@ def main(argv=None):
         if args.plot:
             plot(saved["results"], saved["backend"], args.plot)
         return
-    if args.repeats is None:
-        args.repeats = 3 if args.quick else 7
+    if args.rounds is None:
+        args.rounds = 3 if args.quick else 7
     results = run_grid(args)
     print()
     print(table(results, args.backend))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"backend": args.backend, "results": results}, f, indent=1)
+        common.write_json(args.json, {"backend": args.backend, "results": results})
     if args.plot:
         plot(results, args.backend, args.plot)
 

@@ -29,14 +29,12 @@ over rounds. Target: cached per-token <= 1/5 of uncached on every backend.
 """
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 
-BACKENDS = ("tensorflow", "jax", "torch")
+from benchmarks import _common as common
+
 TARGET = 0.2  # cached / uncached per-token time
 DEFAULTS = {"prompt": 512, "new": 256, "dim": 512, "layers": 4, "rounds": 3}
 QUICK = {"prompt": 64, "new": 32, "dim": 128, "layers": 2, "rounds": 2}
@@ -100,12 +98,6 @@ def _stack(spec):
     return stack
 
 
-def _timed(fn, block):
-    start = time.perf_counter()
-    block(fn())
-    return time.perf_counter() - start
-
-
 def _stack_part(spec, rounds_out):
     import numpy as np
     from keras import ops
@@ -155,7 +147,8 @@ def _stack_part(spec, rounds_out):
         rounds_out["cached_median"].append(statistics.median(steps))
         rounds_out["cached_mean"].append(statistics.fmean(steps))
         for n in lengths:
-            rounds_out[f"uncached_{n}"].append(_timed(lambda n=n: uncached(prefixes[n]), block))
+            rounds_out[f"uncached_{n}"].append(
+                common.timed(lambda n=n: block(uncached(prefixes[n]))))
     return lengths
 
 
@@ -198,7 +191,7 @@ def _hub_part(spec, rounds_out):
         block(fn(x_t, cache, index))
     for _ in range(spec["rounds"]):
         for name, fn in steps.items():
-            times = [_timed(lambda fn=fn: fn(x_t, cache, index), block) for _ in range(20)]
+            times = [common.timed(lambda fn=fn: block(fn(x_t, cache, index))) for _ in range(20)]
             rounds_out[f"hub_{name}"].append(statistics.median(times))
     return None
 
@@ -230,20 +223,7 @@ def worker(spec):
 
 def run_backend(backend, spec, timeout, tree=None):
     """One worker process; `tree` (a checkout's root) runs that checkout's code instead."""
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-    if tree:
-        env["PYTHONPATH"] = os.path.abspath(tree)
-    command = [sys.executable, "-m", "benchmarks.decode", "--worker",
-               json.dumps({**spec, "backend": backend})]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False, cwd=tree)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s"}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        return {"error": (done.stderr or done.stdout).strip().splitlines()[-1:]}
-    return json.loads(lines[-1])
+    return common.spawn("benchmarks.decode", {**spec, "backend": backend}, timeout, tree=tree)
 
 
 def table(results, spec):
@@ -292,35 +272,29 @@ def compare(backends, spec, timeout, baseline):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default=None,
-                        help=f"comma list of {','.join(BACKENDS)} (default: all)")
-    parser.add_argument("--quick", action="store_true", help="small smoke sizes")
-    parser.add_argument("--rounds", type=int, default=None, help="timing rounds (default 3)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the results here")
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per backend")
+    common.add_options(parser, backend="list", quick="small smoke sizes",
+                       rounds=("--rounds", None, "timing rounds (default 3)"),
+                       timeout=("--timeout", 900, "seconds per backend"),
+                       json_help="write the results here")
     parser.add_argument("--baseline", default=None, metavar="DIR",
                         help="another checkout (e.g. a `git worktree` of the previous "
                         "commit): its workers and this one's alternate, twice each per "
                         "backend, and the cached steps are compared")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
-        return 0
+        return common.worker_main(worker, args.worker)
     spec = dict(QUICK if args.quick else DEFAULTS)
     if args.rounds:
         spec["rounds"] = args.rounds
-    backends = args.backend.split(",") if args.backend else list(BACKENDS)
     if args.baseline:
-        return compare(backends, spec, args.timeout, args.baseline)
+        return compare(common.backends(args), spec, args.timeout, args.baseline)
     results = {}
-    for backend in backends:
+    for backend in common.backends(args):
         print(f"[decode] {backend} ...", file=sys.stderr, flush=True)
         results[backend] = run_backend(backend, spec, args.timeout)
     print(table(results, spec))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"spec": spec, "results": results}, f, indent=1)
+        common.write_json(args.json, {"spec": spec, "results": results})
     return 0 if all("error" not in r and r["ratio"] <= TARGET for r in results.values()) else 1
 
 

@@ -31,14 +31,10 @@ alone (to tell the forward's memory from the backward's).
 """
 
 import argparse
-import json
-import os
-import resource
-import subprocess
-import sys
 import time
 
-BACKENDS = ("tensorflow", "jax", "torch")
+from benchmarks import _common as common
+
 MODES = {
     "tensorflow": ("eager", "function", "xla", "function-none-batch"),
     "jax": ("eager", "jit"),
@@ -46,15 +42,6 @@ MODES = {
 }
 DEFAULT_SKIP = {("torch", "compile")}
 TARGET_GIB = 1.5
-
-
-def _peak_gib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
-
-
-def _current_gib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
 
 
 # ----------------------------------------------------------------------------
@@ -138,8 +125,6 @@ def _step_torch(layer, x, mode, causal, step):
 
 
 def worker(spec):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    os.environ["KERAS_BACKEND"] = spec["backend"]
     import math
 
     import keras
@@ -154,24 +139,23 @@ def worker(spec):
     x = np.random.default_rng(0).standard_normal((1, T, D)).astype("float32")
     make = {"tensorflow": _step_tensorflow, "jax": _step_jax, "torch": _step_torch}
     run = make[keras.backend.backend()](layer, x, spec["mode"], spec["causal"], spec["step"])
-    base, base_now = _peak_gib(), _current_gib()
+    base, base_now = common.peak_rss_gib(), common.current_rss_gib()
 
-    start = time.perf_counter()
-    run()  # warm up: trace / compile
-    warm_s = time.perf_counter() - start
-    after_warm = _peak_gib()
+    warm_s = common.timed(run)  # warm up: trace / compile
+    after_warm = common.peak_rss_gib()
     paths = dict(_paths.paths_taken)
     start = time.perf_counter()
     values = run()
     step_s = time.perf_counter() - start
-    peak = _peak_gib()
-    print("RESULT " + json.dumps({
+    peak = common.peak_rss_gib()
+    return {
         "path": "+".join(f"{p}x{n}" if n > 1 else p for p, n in sorted(paths.items())) or "-",
         "rss_base_gib": base, "rss_base_now_gib": base_now, "rss_after_warmup_gib": after_warm,
-        "rss_peak_gib": peak, "delta_gib": peak - base, "rss_end_now_gib": _current_gib(),
+        "rss_peak_gib": peak, "delta_gib": peak - base,
+        "rss_end_now_gib": common.current_rss_gib(),
         "warmup_s": warm_s, "step_s": step_s,
         "finite": all(math.isfinite(v) for v in values),
-    }), flush=True)
+    }
 
 
 # ----------------------------------------------------------------------------
@@ -179,18 +163,10 @@ def worker(spec):
 
 
 def _spawn(spec, timeout):
-    cmd = [sys.executable, "-m", "benchmarks.memory", "--worker", json.dumps(spec)]
+    """The worker's result, with the process's wall time (`process_s`)."""
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout}s"}
-    wall = time.perf_counter() - start
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return {**json.loads(line[len("RESULT "):]), "process_s": wall}
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    return {"error": f"exit {proc.returncode}: {tail[0][:200]}"}
+    result = common.spawn("benchmarks.memory", spec, timeout)
+    return result if "error" in result else {**result, "process_s": time.perf_counter() - start}
 
 
 def table(rows):
@@ -213,8 +189,7 @@ def table(rows):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default=None,
-                        help=f"one or more of {','.join(BACKENDS)} (default: all)")
+    common.add_options(parser, backend="list", timeout=("--timeout-s", 900, "per configuration"))
     parser.add_argument("--length", type=int, default=8192, help="T = S (default 8192)")
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                         help="only causal (--causal) or only non-causal (--no-causal); default both")
@@ -223,25 +198,20 @@ def main(argv=None):
                              + "; ".join(f"{b}: {','.join(m)}" for b, m in MODES.items()))
     parser.add_argument("--step", choices=("train", "forward"), default="train",
                         help="forward+backward (default) or the forward alone")
-    parser.add_argument("--timeout-s", type=int, default=900, help="per configuration")
-    parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(json.loads(args.worker))
+        return common.worker_main(worker, args.worker)
 
-    backends = args.backend.split(",") if args.backend else list(BACKENDS)
     wanted = set(args.modes.split(",")) if args.modes else None
     causals = [True, False] if args.causal is None else [args.causal]
     configs = []
-    for backend in backends:
+    for backend in common.backends(args):
         for mode in MODES[backend]:
             if wanted is None and (backend, mode) in DEFAULT_SKIP:
                 configs.append((backend, mode, None, "skipped by default (--modes compile)"))
             elif wanted is None or mode in wanted:
                 configs.extend((backend, mode, c, None) for c in causals)
-    print(f"# T=S={args.length}, B=1, D=256, H=4, step={args.step}, {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"# T=S={args.length}, B=1, D=256, H=4, step={args.step}, {common.machine()}", flush=True)
     rows = []
     for n, (backend, mode, causal, skipped) in enumerate(configs, 1):
         row = {"backend": backend, "mode": mode, "causal": causal, "step": args.step,
@@ -253,7 +223,7 @@ def main(argv=None):
             continue
         print(f"{label} ...", flush=True)
         result = _spawn({"backend": backend, "mode": mode, "causal": causal,
-                         "length": args.length, "step": args.step}, args.timeout_s)
+                         "length": args.length, "step": args.step}, args.timeout)
         rows.append({**row, **result})
         status = result.get("error") or (
             f"path {result['path']}, peak {result['rss_peak_gib']:.2f} GiB "
@@ -263,8 +233,7 @@ def main(argv=None):
     print()
     print(table(rows))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"length": args.length, "step": args.step, "rows": rows}, f, indent=1)
+        common.write_json(args.json, {"length": args.length, "step": args.step, "rows": rows})
 
 
 if __name__ == "__main__":

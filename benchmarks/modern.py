@@ -37,13 +37,10 @@ path that `keras_attn._paths.paths_taken` recorded.
 import argparse
 import json
 import os
-import resource
-import statistics
-import subprocess
-import sys
 import time
 
-BACKENDS = ("tensorflow", "jax", "torch")
+from benchmarks import _common as common
+
 PARTS = ("window", "gqa", "layer")
 WINDOW_TARGET = 0.25  # window time / full causal time
 MEMORY_TARGET_GIB = 1.0
@@ -54,10 +51,6 @@ QUICK = {"length": 2048, "window": 256, "heads": 4, "gqa_length": 1024, "repeats
 HEAD_DIM = 64
 GQA_HEADS, GQA_KV_HEADS = 8, 2
 LAYER_DIM = 512
-
-
-def _peak_gib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
 
 
 # ----------------------------------------------------------------------------
@@ -215,8 +208,6 @@ def _paths_string(counter):
 
 
 def _setup(spec):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    os.environ["KERAS_BACKEND"] = spec["backend"]
     if spec["backend"] == "torch" and spec.get("omp_passive"):
         # Before torch is imported: OpenMP threads that spin at each op's barrier
         # lose their core on a loaded machine, and the blockwise path's many small
@@ -244,14 +235,8 @@ def time_worker(spec):
         runs[name], _ = _build(spec, name, spec["step"])
         runs[name]()  # trace / compile (the memory process times a second call alone)
         paths[name] = _paths_string(_paths.paths_taken)
-    times = {name: [] for name in runs}
-    for _ in range(spec["repeats"]):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {"median_s": {n: statistics.median(t) for n, t in times.items()},
-            "times_s": times, "paths": paths}
+    times = common.interleaved(runs, spec["repeats"])
+    return {"median_s": common.medians(times), "times_s": times, "paths": paths}
 
 
 def memory_worker(spec):
@@ -260,15 +245,11 @@ def memory_worker(spec):
 
     name, step = spec["names"][0], spec["step"]
     run, extra = _build(spec, name, step)
-    base = _peak_gib()
-    start = time.perf_counter()
-    run()  # trace / compile
-    warm = time.perf_counter() - start
+    base = common.peak_rss_gib()
+    warm = common.timed(run)  # trace / compile
     paths = _paths_string(_paths.paths_taken)
-    start = time.perf_counter()
-    run()
-    alone = time.perf_counter() - start
-    peak = _peak_gib()
+    alone = common.timed(run)
+    peak = common.peak_rss_gib()
     return {"rss_base_gib": base, "rss_peak_gib": peak, "delta_gib": peak - base,
             "warmup_s": warm, "alone_s": alone, "path": paths, **extra}
 
@@ -276,31 +257,16 @@ def memory_worker(spec):
 def worker(spec):
     skipped = _setup(spec)
     if skipped:
-        result = {"skipped": skipped}
-    elif spec["kind"] == "time":
-        result = time_worker(spec)
-    else:
-        result = memory_worker(spec)
-    print("RESULT " + json.dumps(result), flush=True)
+        return {"skipped": skipped}
+    return time_worker(spec) if spec["kind"] == "time" else memory_worker(spec)
 
 
 # ----------------------------------------------------------------------------
 # Driver side.
 
 
-def _spawn(spec, timeout, module="benchmarks.modern"):
-    """Run `python -m module --worker SPEC` on `spec["backend"]`; its RESULT line, or an error."""
-    cmd = [sys.executable, "-m", module, "--worker", json.dumps(spec)]
-    env = {**os.environ, "KERAS_BACKEND": spec["backend"]}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout}s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    return {"error": f"exit {proc.returncode}: {tail[0][:300]}"}
+def _spawn(spec, timeout):
+    return common.spawn("benchmarks.modern", spec, timeout)
 
 
 def _names(part, spec):
@@ -361,6 +327,11 @@ def _path(result, step, name):
     return result.get("time", {}).get(step, {}).get("paths", {}).get(name, "n/a")
 
 
+def _part_results(results, part):
+    """`(backend, result)` of every backend that ran `part`."""
+    return [(backend, parts[part]) for backend, parts in results.items() if parts.get(part)]
+
+
 def window_table(results, spec):
     lines = [f"B=1, T=S={spec['length']}, H={spec['heads']}, d={HEAD_DIM}, causal, W={spec['window']}",
              "",
@@ -368,10 +339,7 @@ def window_table(results, spec):
              f"<= {WINDOW_TARGET} | window peak GiB | full peak GiB | baseline GiB | "
              f"< {MEMORY_TARGET_GIB} GiB |",
              "|---|---|---|---:|---:|---:|---|---:|---:|---:|---|"]
-    for backend, parts in results.items():
-        r = parts.get("window")
-        if not r:
-            continue
+    for backend, r in _part_results(results, "window"):
         for step in ("forward", "train"):
             ratio = _ratio(r, step, "window", "full")
             peaks = [r.get("memory", {}).get(step, {}).get(n, {}).get("rss_peak_gib")
@@ -383,7 +351,7 @@ def window_table(results, spec):
                 f"| {backend} | {step} | {'/'.join(sorted(paths))} | "
                 f"{_get(r, step, 'window', 'median_s', '{:.0f}', 1e3)} | "
                 f"{_get(r, step, 'full', 'median_s', '{:.0f}', 1e3)} | "
-                f"{'n/a' if ratio is None else f'{ratio:.2f}'} | {ok} | "
+                f"{_fmt_ratio(ratio)} | {ok} | "
                 f"{_get(r, step, 'window', 'rss_peak_gib', '{:.2f}')} | "
                 f"{_get(r, step, 'full', 'rss_peak_gib', '{:.2f}')} | "
                 f"{_get(r, step, 'full', 'rss_base_gib', '{:.2f}')} | {mem_ok} |")
@@ -407,10 +375,7 @@ def gqa_table(results, spec):
              "| backend | implementation | step | path GQA / MHA | GQA ms | MHA ms | GQA / MHA | "
              "GQA peak GiB | MHA peak GiB | GQA delta GiB | MHA delta GiB |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for backend, parts in results.items():
-        r = parts.get("gqa")
-        if not r:
-            continue
+    for backend, r in _part_results(results, "gqa"):
         for impl in ("auto", "blockwise"):
             g, m = f"gqa-{impl}", f"mha-{impl}"
             for step in ("forward", "train"):
@@ -435,10 +400,7 @@ def layer_table(results, spec):
              f"H_kv={GQA_KV_HEADS} ms | H_kv={GQA_HEADS} ms | ratio | peak GiB H_kv={GQA_KV_HEADS} | "
              f"peak GiB H_kv={GQA_HEADS} |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for backend, parts in results.items():
-        r = parts.get("layer")
-        if not r:
-            continue
+    for backend, r in _part_results(results, "layer"):
         if "skipped" in r:
             lines.append(f"| {backend} | n/a: {r['skipped']} | | | | | | | |")
             continue
@@ -456,16 +418,15 @@ def layer_table(results, spec):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default=None,
-                        help=f"one or more of {','.join(BACKENDS)} (default: all)")
+    common.add_options(parser, backend="list",
+                       quick=f"smoke sizes: T={QUICK['length']}, W={QUICK['window']}, GQA "
+                             f"T={QUICK['gqa_length']}, block size {QUICK['block_size']}, 2 repeats",
+                       rounds=("--repeats", None, "timed calls per contender (3)"),
+                       timeout=("--timeout-s", 600, "per process"))
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {','.join(PARTS)}")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"smoke sizes: T={QUICK['length']}, W={QUICK['window']}, GQA "
-                             f"T={QUICK['gqa_length']}, block size {QUICK['block_size']}, 2 repeats")
     parser.add_argument("--length", type=int, default=None, help="window part: T = S (default 16384)")
     parser.add_argument("--window", type=int, default=None, help="window part: W (default 1024)")
     parser.add_argument("--gqa-length", type=int, default=None, help="gqa/layer parts: T = S (4096)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed calls per contender (3)")
     parser.add_argument("--block-size", type=int, default=None,
                         help="keras_attn.config.set_attention_block_size (default: the package's)")
     parser.add_argument("--full-auto", action=argparse.BooleanOptionalAction, default=None,
@@ -476,26 +437,24 @@ def main(argv=None):
                              "OMP_WAIT_POLICY=PASSIVE in the workers)")
     parser.add_argument("--tf-xla", action="store_true",
                         help="tf.function(jit_compile=True) instead of plain tf.function")
-    parser.add_argument("--timeout-s", type=int, default=600, help="per process")
-    parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(json.loads(args.worker))
+        return common.worker_main(worker, args.worker)
 
     spec = dict(QUICK if args.quick else DEFAULTS)
-    for key in ("length", "window", "gqa_length", "repeats", "block_size"):
+    for key in ("length", "window", "gqa_length", "block_size"):
         if getattr(args, key) is not None:
             spec[key] = getattr(args, key)
+    if args.rounds is not None:
+        spec["repeats"] = args.rounds
     spec["full_auto"], spec["tf_xla"] = args.full_auto, args.tf_xla
     spec["omp_passive"] = not args.omp_active
-    backends = args.backend.split(",") if args.backend else list(BACKENDS)
     parts = [p for p in args.parts.split(",") if p]
-    print(f"# {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {json.dumps(spec)}", flush=True)
+    print(f"# {common.machine()}; {json.dumps(spec)}", flush=True)
     results = {}
-    for backend in backends:
+    for backend in common.backends(args):
         start = time.perf_counter()
-        results[backend] = {part: run_part(backend, part, spec, args.timeout_s) for part in parts}
+        results[backend] = {part: run_part(backend, part, spec, args.timeout) for part in parts}
         print(f"[{backend}] done in {time.perf_counter() - start:.0f} s, "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
     print()
@@ -504,8 +463,7 @@ def main(argv=None):
             print(table(results, spec))
             print()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"spec": spec, "results": results}, f, indent=1)
+        common.write_json(args.json, {"spec": spec, "results": results})
 
 
 if __name__ == "__main__":

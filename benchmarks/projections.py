@@ -11,14 +11,15 @@ one process (A B A B ...), and the medians printed.
 """
 
 import argparse
-import statistics
-import time
+
+from benchmarks import _common as common
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="8x256x256", help="BxTxD")
-    parser.add_argument("--repeats", type=int, default=20)
+    common.add_options(parser, rounds=("--repeats", 20, "interleaved timed runs of each"),
+                       json_help=None, worker=False)
     args = parser.parse_args(argv)
     B, T, D = (int(p) for p in args.size.split("x"))
 
@@ -53,19 +54,10 @@ def main(argv=None):
         model.compile(keras.optimizers.SGD(1e-3), "mse", jit_compile=jit)
         runs[(name, "forward")] = lambda m=model: m.predict_on_batch(x)
         runs[(name, "train")] = lambda m=model: m.train_on_batch(x, x)
-    for run in runs.values():
-        run()
-        run()
-    times = {key: [] for key in runs}
-    for _ in range(args.repeats):
-        for key, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[key].append(time.perf_counter() - start)
-    print(f"backend {keras.backend.backend()}, B={B} T={T} D={D}, {args.repeats} interleaved runs")
+    median = common.medians(common.interleaved(runs, args.rounds, warmup=2))
+    print(f"backend {keras.backend.backend()}, B={B} T={T} D={D}, {args.rounds} interleaved runs")
     for mode in ("forward", "train"):
-        sep = statistics.median(times[("separate", mode)])
-        cat = statistics.median(times[("concatenated", mode)])
+        sep, cat = median[("separate", mode)], median[("concatenated", mode)]
         print(f"{mode:8s} separate {sep * 1e3:7.2f} ms  concatenated {cat * 1e3:7.2f} ms  "
               f"ratio {cat / sep:.2f}")
 

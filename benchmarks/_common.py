@@ -1,0 +1,166 @@
+"""What the benchmarks share: worker processes, peak RSS, timing and the common options.
+
+A benchmark's driver runs each configuration (or backend) in a fresh process,
+`python -m benchmarks.NAME --worker SPEC` with SPEC as JSON, through `spawn`; the
+worker side (`worker_main`) prints its result as one JSON object, the last line of
+its stdout that starts with `{`.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+BACKENDS = ("tensorflow", "jax", "torch")
+ERROR_TAIL_CHARS = 300
+
+
+# ----------------------------------------------------------------------------
+# Worker processes.
+
+
+def spawn(module, spec, timeout, *, backend=None, tree=None):
+    """`python -m module --worker JSON(spec)` in a fresh process: its result, or `{"error": ...}`.
+
+    The worker's environment is this one's with KERAS_BACKEND set to `backend` (default
+    `spec["backend"]`; neither: the environment's) and TF_CPP_MIN_LOG_LEVEL=2. `tree`, a
+    checkout's root, runs that checkout's code instead of this one's (cwd and
+    PYTHONPATH). The result is the last line of stdout that starts with `{` and parses;
+    without one, the error is the exit status and the last line of stderr (or stdout).
+    """
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    backend = backend or spec.get("backend")
+    if backend:
+        env["KERAS_BACKEND"] = backend
+    if tree:
+        env["PYTHONPATH"] = os.path.abspath(tree)
+    command = [sys.executable, "-m", module, "--worker", json.dumps(spec)]
+    try:
+        done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout}s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+    return {"error": f"exit {done.returncode}: {tail[0][:ERROR_TAIL_CHARS]}"}
+
+
+def worker_main(worker, spec_json):
+    """The worker side of `spawn`: print `worker(spec)`'s result as one JSON line; 0."""
+    print(json.dumps(worker(json.loads(spec_json))), flush=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------
+# Memory.
+
+
+def peak_rss_gib():
+    """This process's RSS high-water mark (`resource.getrusage` `ru_maxrss`), in GiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+
+
+def current_rss_gib():
+    """This process's resident set size now (`/proc/self/statm`), in GiB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+# ----------------------------------------------------------------------------
+# Timing.
+
+
+def timed(fn):
+    """Seconds that one call `fn()` takes."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved(runs, rounds, warmup=0):
+    """`{name: [seconds, ...]}` of `runs` (name -> callable with no arguments), timed in turn.
+
+    Each is called `warmup` times (untimed, one after the other), then they are timed
+    A B C A B C ... for `rounds` rounds, so that machine noise hits them alike.
+    """
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            times[name].append(timed(run))
+    return times
+
+
+def medians(times):
+    """`{name: median}` of `{name: [seconds, ...]}`."""
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+# ----------------------------------------------------------------------------
+# Options and output.
+
+
+def add_options(parser, *, backend=None, quick=None, rounds=None, timeout=None,
+                json_help="also write the results here", worker=True):
+    """The options the benchmarks share, each under the name that benchmark documents.
+
+    `backend`: "list" (`--backend a,b`, default every one of BACKENDS: `backends(args)`),
+    "env" (one name, the driver sets KERAS_BACKEND; default the environment's), "one"
+    (one of BACKENDS, default $KERAS_BACKEND or jax) or None (no option). `quick`: the
+    help of `--quick`, None for no such option. `rounds`: `(flag, default, help)` of the
+    number of timed rounds (`--rounds` or `--repeats`), read as `args.rounds`. `timeout`:
+    `(flag, default, help)` of the seconds a worker may take (`--timeout` or
+    `--timeout-s`), read as `args.timeout`. `json_help`: `--json PATH`'s help (None: no
+    option). `worker`: the hidden `--worker SPEC` of a benchmark that `spawn`s itself
+    (`worker_main`).
+    """
+    if worker:
+        parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    if backend == "list":
+        parser.add_argument("--backend", default=None,
+                            help=f"comma list of {','.join(BACKENDS)} (default: all)")
+    elif backend == "env":
+        parser.add_argument("--backend", default=None,
+                            help="set KERAS_BACKEND (default: the environment's)")
+    elif backend == "one":
+        parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "jax"),
+                            choices=BACKENDS)
+    if quick is not None:
+        parser.add_argument("--quick", action="store_true", help=quick)
+    if rounds is not None:
+        flag, default, text = rounds
+        parser.add_argument(flag, dest="rounds", type=int, default=default, metavar="N",
+                            help=text)
+    if timeout is not None:
+        flag, default, text = timeout
+        parser.add_argument(flag, dest="timeout", type=int, default=default, metavar="S",
+                            help=text)
+    if json_help is not None:
+        parser.add_argument("--json", default=None, metavar="PATH", help=json_help)
+    return parser
+
+
+def backends(args):
+    """The backends of a "list" `--backend`: the comma list, or all of BACKENDS."""
+    return args.backend.split(",") if args.backend else list(BACKENDS)
+
+
+def machine():
+    """`N CPUs, load L` for a header line."""
+    return f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+
+
+def write_json(path, data):
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
