@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_attn._paths import check_implementation
 from keras_attn._validation import check_dropout, check_positive_int
 from keras_attn.layers._common import clone_initializer
 from keras_attn.layers.feed_forward import PositionwiseFeedForward
@@ -40,6 +41,8 @@ class TransformerLayerBase(keras.layers.Layer):
         normalization="layer",
         use_bias=True,
         gated_feed_forward=False,
+        implementation="auto",
+        attention_dropout=0.0,
         **kwargs,
     ):
         if args:
@@ -72,6 +75,8 @@ class TransformerLayerBase(keras.layers.Layer):
         self.normalization = normalization
         self.use_bias = bool(use_bias)
         self.gated_feed_forward = bool(gated_feed_forward)
+        self.implementation = check_implementation(implementation)
+        self.attention_dropout = check_dropout("attention_dropout", attention_dropout)
         # The self-attention's options, checked now rather than at build.
         self.options = AttentionOptions(
             num_key_value_heads=num_key_value_heads, rope_max_wavelength=rope_max_wavelength,
@@ -106,7 +111,9 @@ class TransformerLayerBase(keras.layers.Layer):
             num_heads=self.num_heads,
             key_dim=self._head_dim(model_dim),
             output_dim=model_dim,
+            dropout=self.attention_dropout,
             use_bias=self.use_bias,
+            implementation=self.implementation,
             dtype=self.dtype_policy,
             name=name,
             **options,
@@ -140,47 +147,40 @@ class TransformerLayerBase(keras.layers.Layer):
 
     @staticmethod
     def _attention_fn(layer, key, key_mask, attention_mask, causal, training, scores,
-                      cache=None, cache_update_index=None, caches=None):
-        """`x -> layer(x, key, ...)`; appends the weights to `scores` if it is a list.
+                      cache=None, cache_update_index=None):
+        """`x -> (y, scores or None, new cache or None)` of `layer(x, key, ...)`.
 
-        With a `cache`, the updated cache is appended to the list `caches`.
+        `scores`: whether to ask for the attention weights.
         """
 
         def attend(x):
             kwargs = {}
             if cache is not None:
                 kwargs = {"cache": cache, "cache_update_index": cache_update_index}
-            result = layer(
-                x,
-                value=key,
-                attention_mask=attention_mask,
-                use_causal_mask=causal,
-                return_attention_scores=scores is not None,
-                training=training,
-                value_mask=key_mask,
-                **kwargs,
-            )
-            if scores is None and cache is None:
-                return result
-            result = list(result)
-            if cache is not None:
-                caches.append(result.pop())
-            if scores is not None:
-                scores.append(result[1])
-            return result[0]
+            result = layer(x, value=key, attention_mask=attention_mask, use_causal_mask=causal,
+                           return_attention_scores=scores, training=training,
+                           value_mask=key_mask, **kwargs)
+            result = result if isinstance(result, tuple) else (result,)
+            return (result[0], result[1] if scores else None,
+                    result[-1] if cache is not None else None)
 
         return attend
 
     def _residual(self, x, sublayer, norm, dropout, training):
-        """post-LN: norm(x + drop(f(x))); pre-LN: x + drop(f(norm(x)))."""
+        """post-LN: norm(x + drop(f(x))); pre-LN: x + drop(f(norm(x))).
+
+        `sublayer` returns `(y, *extras)` (scores, caches) or a tensor;
+        returns `(x, extras)`.
+        """
         residual = x
         if self.normalize_first:
             x = norm(x)
-        x = dropout(sublayer(x), training=training)
-        x = x + residual
+        y = sublayer(x)
+        y, extras = (y[0], y[1:]) if isinstance(y, tuple) else (y, ())
+        x = dropout(y, training=training) + residual
         if not self.normalize_first:
             x = norm(x)
-        return x
+        return x, extras
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         """`(B, T, D)`: the output has the input's shape."""
@@ -202,5 +202,7 @@ class TransformerLayerBase(keras.layers.Layer):
             "normalization": self.normalization,
             "use_bias": self.use_bias,
             "gated_feed_forward": self.gated_feed_forward,
+            "implementation": self.implementation,
+            "attention_dropout": self.attention_dropout,
         })
         return config

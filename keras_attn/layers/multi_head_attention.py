@@ -1,10 +1,8 @@
 """Multi-head attention (paper Section 3.2.2) as a Keras layer.
 
-`call` reads: resolve the inputs (Keras's defaults) -> check them and the
-cache -> project (and write the cache) -> attention (`_compute_attention`
-for a subclass that overrides it) -> output projection. The projections are
-in `_projection.py`, Keras's conventions in `_keras_compat.py`, the cache's
-rules in `keras_attn.cache`, the options in `keras_attn.options`.
+`call`: resolve the inputs (`_keras_compat`) -> check them and the cache
+(`keras_attn.cache`) -> project and write the cache (`_projection`) ->
+attention (`_compute_attention`, if overridden) -> output projection.
 """
 
 import math
@@ -136,33 +134,19 @@ class MultiHeadAttention(keras.layers.Layer):
         mask: the query's Keras mask when `query` is the only tensor
             argument (Keras fills it in); used as `query_mask`.
         cache: a key/value cache `(B, 2, S_max, H_kv, d)` (keys, then
-            values, after qk-norm and RoPE; see `keras_attn.empty_cache`),
-            or None. S_max is the cache length; `value_dim` must equal
-            `key_dim`. With a cache, attention runs over the S_max cache
-            slots: `key_mask`/`value_mask` are `(B, S_max)` and
-            `attention_mask` broadcasts to `(B, T, S_max)`, over the slots,
-            with a last axis of exactly S_max (one slot is a `ValueError`,
-            not a broadcast; the query's Keras mask is not used as a key
-            mask).
-        cache_update_index: where this call's S_new new keys and values
-            (projected from `key`/`value`, the query for self-attention) are
-            written into `cache`: an int or a scalar int tensor (traced
-            under `jit`; one compiled step serves every index). An index
-            whose value is known (a Python or NumPy integer, an eager
-            tensor) must be in `[0, S_max - S_new]`, else `ValueError`; a
-            traced one out of that range makes the output and the written
-            keys NaN (XLA would clamp the write). Query i sits
-            at absolute position `cache_update_index + S_new - T + i`
-            (`cache_update_index + i` for self-attention), the new keys at
-            `cache_update_index + j`, for RoPE, the causal mask and the
-            window alike; slots `>= cache_update_index + S_new` (not yet
-            written) are never attended, even without the causal mask. None
-            with a cache: read-only (cross-attention over a precomputed
-            memory), `key`/`value` are ignored and all S_max slots count as
-            written, subject to the masks: fill such a cache whole (S_new =
-            S_max at index 0, as `TransformerDecoderLayer` requires of its
-            cross-attention cache), or mask the unwritten slots with
-            `key_mask`. An index without a cache is a `ValueError`.
+            values, after qk-norm and RoPE; `keras_attn.empty_cache`), or
+            None; `value_dim` must equal `key_dim`. Attention then runs over
+            the S_max slots: the masks' key axis is exactly S_max.
+        cache_update_index: where the S_new new keys and values (from
+            `key`/`value`, the query for self-attention) are written: an int
+            or a scalar int tensor (one compiled step serves every index).
+            A known index must be in `[0, S_max - S_new]` (`ValueError`); a
+            traced one out of range makes the output NaN. Positions follow
+            the index (`keras_attn.cache`: RoPE, causal and window alike)
+            and unwritten slots are never attended. None with a cache:
+            read-only (cross-attention), every slot counts as written (fill
+            it whole, or mask the rest with `key_mask`). An index without a
+            cache is a `ValueError`.
 
     Returns:
         The output `(B, T, output_dim)`, and with

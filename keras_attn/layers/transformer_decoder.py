@@ -24,9 +24,14 @@ class TransformerDecoderLayer(TransformerLayerBase):
     D_m memory width (may differ from D), H `num_heads`.
 
     Args:
-        Same as `TransformerEncoderLayer`: `num_heads`, `intermediate_dim`,
-        `key_dim`, `dropout`, `activation`, `layer_norm_epsilon`,
-        `normalize_first`, `kernel_initializer`, `bias_initializer`.
+        Every argument of `TransformerEncoderLayer`, with the same meaning:
+        `num_heads`, `intermediate_dim`, `key_dim`, `dropout`, `activation`,
+        `layer_norm_epsilon`, `normalize_first`, `kernel_initializer`,
+        `bias_initializer`, the self-attention's options
+        (`num_key_value_heads`, `rope_max_wavelength`, `rope_scaling_factor`,
+        `rope_interleaved`, `sliding_window`, `logit_soft_cap`, `qk_norm`),
+        `normalization`, `use_bias`, `gated_feed_forward`, `implementation`
+        and `attention_dropout` (both attention sublayers).
 
     Sublayers: `self_attention`, `self_attention_norm`, `cross_attention`,
     `cross_attention_norm` (only with memory), `feed_forward`,
@@ -241,25 +246,24 @@ class TransformerDecoderLayer(TransformerLayerBase):
                          self_attention_cache_update_index, cross_attention_cache,
                          cross_attention_cache_update_index)
         self_key_mask = combine_masks(padding_mask, keras_mask)
-        scores = [] if return_attention_scores else None
-        caches = []
-        x = self._residual(
+        scores = bool(return_attention_scores)
+        x, (self_scores, self_cache) = self._residual(
             inputs,
             self._attention_fn(self.self_attention, None, self_key_mask, attention_mask,
                                use_causal_mask, training, scores, self_attention_cache,
-                               self_attention_cache_update_index, caches),
+                               self_attention_cache_update_index),
             self.self_attention_norm, self.self_attention_dropout, training)
+        cross_scores = cross_cache = None
         if self.has_memory:
             memory_key_mask = combine_masks(memory_padding_mask, memory_mask)
-            x = self._residual(
+            x, (cross_scores, cross_cache) = self._residual(
                 x,
                 self._attention_fn(self.cross_attention, memory, memory_key_mask,
                                    memory_attention_mask, False, training, scores,
-                                   cross_attention_cache, cross_attention_cache_update_index,
-                                   caches),
+                                   cross_attention_cache, cross_attention_cache_update_index),
                 self.cross_attention_norm, self.cross_attention_dropout, training)
-        x = self._residual(x, lambda h: self.feed_forward(h, training=training),
-                           self.feed_forward_norm, self.feed_forward_dropout,
-                           training)
-        results = (x, *(scores or ()), *caches)
+        x, _ = self._residual(x, lambda h: self.feed_forward(h, training=training),
+                              self.feed_forward_norm, self.feed_forward_dropout, training)
+        results = (x, *(s for s in (self_scores, cross_scores) if s is not None),
+                   *(c for c in (self_cache, cross_cache) if c is not None))
         return results if len(results) > 1 else x

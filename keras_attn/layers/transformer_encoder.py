@@ -33,6 +33,22 @@ class TransformerEncoderLayer(TransformerLayerBase):
         normalize_first: pre-LN if True, post-LN (paper) if False.
         kernel_initializer: initializer of every dense kernel.
         bias_initializer: initializer of every dense bias.
+        num_key_value_heads, rope_max_wavelength, rope_scaling_factor,
+            rope_interleaved, sliding_window, logit_soft_cap, qk_norm: the
+            self-attention's options (`keras_attn.options.AttentionOptions`;
+            stored as `self.options`); cross-attention takes none of them.
+        normalization: `"layer"` (`LayerNormalization`, default) or `"rms"`
+            (`RMSNormalization`) for every norm.
+        use_bias: whether the attention and feed-forward dense layers have
+            biases.
+        gated_feed_forward: a gated (GLU-style) feed-forward:
+            `W_2 (act(x W_gate) * x W_1)`, sublayers `gate_dense`,
+            `intermediate_dense`, `output_dense`.
+        implementation: the attention path of every attention sublayer
+            (`"auto"`, `"fused"`, `"blockwise"`, `"explicit"`; see
+            `keras_attn.MultiHeadAttention`).
+        attention_dropout: dropout rate on the attention weights (training
+            only), separate from `dropout` on the sublayers' outputs.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Sublayers: `self_attention` (`keras_attn.MultiHeadAttention`),
@@ -93,14 +109,10 @@ class TransformerEncoderLayer(TransformerLayerBase):
         check_rank("inputs", inputs, 3, "(B, T, D)")
         keras_mask = mask if mask is not None else inputs_mask
         key_mask = combine_masks(padding_mask, keras_mask)
-        scores = [] if return_attention_scores else None
         attend = self._attention_fn(self.self_attention, None, key_mask, attention_mask,
-                                    use_causal_mask, training, scores)
-        x = self._residual(inputs, attend, self.self_attention_norm,
-                           self.self_attention_dropout, training)
-        x = self._residual(x, lambda h: self.feed_forward(h, training=training),
-                           self.feed_forward_norm, self.feed_forward_dropout,
-                           training)
-        if return_attention_scores:
-            return x, scores[0]
-        return x
+                                    use_causal_mask, training, bool(return_attention_scores))
+        x, (scores, _) = self._residual(inputs, attend, self.self_attention_norm,
+                                        self.self_attention_dropout, training)
+        x, _ = self._residual(x, lambda h: self.feed_forward(h, training=training),
+                              self.feed_forward_norm, self.feed_forward_dropout, training)
+        return (x, scores) if return_attention_scores else x
