@@ -2,9 +2,15 @@
 
 They run unchanged on the TensorFlow, JAX and PyTorch backends of Keras 3
 (and on the NumPy backend for inference), chosen by `KERAS_BACKEND`.
+
+The top level holds what a model is built and run with, as keras-hub's does:
+the layers, the functional core and its masks, `AttentionOptions`, the cache
+(`empty_cache`) and `generate`. Tools live in submodules: `config` (the
+settings a user sets), `convert` (weights in), `distribution` (layout maps for
+`keras.distribution`), `cache`, `generation`, `options`.
 """
 
-from keras_attn import config, convert, generation
+from keras_attn import cache, config, convert, distribution, generation, options
 from keras_attn.attention import (
     causal_mask,
     combine_masks,
@@ -13,28 +19,35 @@ from keras_attn.attention import (
     sliding_window_mask,
 )
 from keras_attn.cache import empty_cache
+from keras_attn.generation import generate
 from keras_attn.layers import (
     MultiHeadAttention,
     PositionwiseFeedForward,
     TransformerDecoderLayer,
     TransformerEncoderLayer,
 )
+from keras_attn.options import AttentionOptions
 from keras_attn.rotary import RotaryEmbedding, rotary_embedding
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionOptions",
     "MultiHeadAttention",
     "PositionwiseFeedForward",
     "RotaryEmbedding",
     "TransformerDecoderLayer",
     "TransformerEncoderLayer",
+    "cache",
     "causal_mask",
     "combine_masks",
     "config",
     "convert",
+    "distribution",
     "empty_cache",
+    "generate",
     "generation",
+    "options",
     "padding_mask",
     "rotary_embedding",
     "scaled_dot_product_attention",
