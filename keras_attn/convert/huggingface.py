@@ -4,21 +4,13 @@ transformers is never imported: the state dict's tensors are read as arrays
 (see `keras_attn.convert`).
 """
 
-from keras_attn.convert._common import (
-    MHA_DERIVED,
-    StateDict,
-    assign,
-    check_kwargs,
-    check_num_heads,
-    dense_plan,
-    mha_plan,
-)
+from keras_attn.convert import _common
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
 
 __all__ = ["multi_head_attention_from_llama", "transformer_decoder_layer_from_llama"]
 
-_LLAMA_MHA_DERIVED = MHA_DERIVED + ("num_key_value_heads", "rope_max_wavelength")
+_LLAMA_MHA_DERIVED = _common.MHA_DERIVED + ("num_key_value_heads", "rope_max_wavelength")
 _LLAMA_DERIVED = ("intermediate_dim", "key_dim", "activation", "layer_norm_epsilon",
                   "normalize_first", "num_key_value_heads", "rope_max_wavelength",
                   "normalization", "use_bias", "gated_feed_forward")
@@ -124,16 +116,16 @@ def multi_head_attention_from_llama(state_dict, num_heads, num_key_value_heads, 
             are present, another entry is present under `prefix`, H_kv
             does not divide H, or H does not divide the query width.
     """
-    check_num_heads(num_heads)
+    _common.check_num_heads(num_heads)
     _check_key_value_heads(num_heads, num_key_value_heads)
-    check_kwargs(kwargs, _LLAMA_MHA_DERIVED[1:], "state dict or the Llama-named arguments")
-    entries = StateDict(state_dict, prefix)
+    _common.check_kwargs(kwargs, _LLAMA_MHA_DERIVED[1:], "state dict or the Llama-named arguments")
+    entries = _common.StateDict(state_dict, prefix)
     D, d, use_bias, weights = _llama_attention(entries, num_heads, num_key_value_heads)
     entries.check_all_used()
     layer = MultiHeadAttention(num_heads, key_dim=d, num_key_value_heads=num_key_value_heads,
                                rope_max_wavelength=rope_theta, use_bias=use_bias, **kwargs)
     layer.build(query_shape=(None, None, D))
-    assign(mha_plan(layer, weights))
+    _common.assign(_common.mha_plan(layer, weights))
     return layer
 
 
@@ -196,10 +188,10 @@ def transformer_decoder_layer_from_llama(state_dict, num_heads, num_key_value_he
             present, an unexpected entry is present, or H_kv does not
             divide H.
     """
-    check_num_heads(num_heads)
+    _common.check_num_heads(num_heads)
     _check_key_value_heads(num_heads, num_key_value_heads)
-    check_kwargs(kwargs, _LLAMA_DERIVED, "state dict or the Llama-named arguments")
-    entries = StateDict(state_dict, prefix)
+    _common.check_kwargs(kwargs, _LLAMA_DERIVED, "state dict or the Llama-named arguments")
+    entries = _common.StateDict(state_dict, prefix)
     mlp = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
     entries.require("input_layernorm.weight", "post_attention_layernorm.weight",
                     *(n + ".weight" for n in mlp))
@@ -234,11 +226,11 @@ def transformer_decoder_layer_from_llama(state_dict, num_heads, num_key_value_he
         layer_norm_epsilon=rms_norm_eps, **kwargs)
     layer.build((None, None, D))
     feed_forward = layer.feed_forward
-    plan = mha_plan(layer.self_attention, attention_weights)
-    plan += dense_plan(feed_forward.gate_dense, gate_w.T, gate_b, "mlp.gate_proj")
-    plan += dense_plan(feed_forward.intermediate_dense, up_w.T, up_b, "mlp.up_proj")
-    plan += dense_plan(feed_forward.output_dense, down_w.T, down_b, "mlp.down_proj")
+    plan = _common.mha_plan(layer.self_attention, attention_weights)
+    plan += _common.dense_plan(feed_forward.gate_dense, gate_w.T, gate_b, "mlp.gate_proj")
+    plan += _common.dense_plan(feed_forward.intermediate_dense, up_w.T, up_b, "mlp.up_proj")
+    plan += _common.dense_plan(feed_forward.output_dense, down_w.T, down_b, "mlp.down_proj")
     plan += [(layer.self_attention_norm.scale, input_norm, "input_layernorm weight"),
              (layer.feed_forward_norm.scale, post_norm, "post_attention_layernorm weight")]
-    assign(plan)
+    _common.assign(plan)
     return layer

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_attn.convert._common import MHA_DERIVED, assign, check_kwargs, mha_plan
+from keras_attn.convert import _common
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 
 __all__ = ["multi_head_attention_from_keras"]
@@ -53,7 +53,7 @@ def multi_head_attention_from_keras(layer, **kwargs):
         raise ValueError(
             f"`layer` ('{layer.name}') must be built (call it once, or call `build`) so that "
             "its weights exist. Received: an unbuilt layer")
-    check_kwargs(kwargs, MHA_DERIVED, "Keras layer")
+    _common.check_kwargs(kwargs, _common.MHA_DERIVED, "Keras layer")
     arguments = _unexposed_arguments(layer)
     _check_supported(layer, arguments)
 
@@ -78,7 +78,7 @@ def multi_head_attention_from_keras(layer, **kwargs):
         **options)
     new.build(query_shape=(None, None, widths["query"]), key_shape=(None, None, widths["key"]),
               value_shape=(None, None, widths["value"]))
-    assign(mha_plan(new, weights))
+    _common.assign(_common.mha_plan(new, weights))
     return new
 
 

@@ -6,17 +6,7 @@ a `TransformerEncoderLayer` and a `TransformerDecoderLayer`. torch is never
 imported: the tensors are read as arrays (see `keras_attn.convert`).
 """
 
-from keras_attn.convert._common import (
-    MHA_DERIVED,
-    StateDict,
-    assign,
-    check_kwargs,
-    check_num_heads,
-    dense_plan,
-    mha_plan,
-    norm_plan,
-    shape_text,
-)
+from keras_attn.convert import _common
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
 from keras_attn.layers.transformer_encoder import TransformerEncoderLayer
@@ -118,15 +108,15 @@ def multi_head_attention_from_torch(state_dict, num_heads, *, prefix="", **kwarg
             `bias_k`/`bias_v` (`add_bias_kv=True`) or other unexpected
             entries, or H does not divide D.
     """
-    check_num_heads(num_heads)
-    check_kwargs(kwargs, MHA_DERIVED[1:], "state dict")
-    entries = StateDict(state_dict, prefix)
+    _common.check_num_heads(num_heads)
+    _common.check_kwargs(kwargs, _common.MHA_DERIVED[1:], "state dict")
+    entries = _common.StateDict(state_dict, prefix)
     D, D_k, D_v, use_bias, weights = _torch_mha(entries, num_heads)
     entries.check_all_used()
     layer = MultiHeadAttention(num_heads, key_dim=D // num_heads, use_bias=use_bias, **kwargs)
     layer.build(query_shape=(None, None, D), key_shape=(None, None, D_k),
                 value_shape=(None, None, D_v))
-    assign(mha_plan(layer, weights))
+    _common.assign(_common.mha_plan(layer, weights))
     return layer
 
 
@@ -166,7 +156,8 @@ def _torch_block(entries, num_heads, norms, cross):
         if D_q != D:
             raise ValueError(
                 f"state_dict entry {entries.key('multihead_attn.out_proj.weight')} must have "
-                f"shape (D, D) = {shape_text((D, D))}. Received: shape {shape_text((D_q, D_q))}")
+                f"shape (D, D) = {_common.shape_text((D, D))}. "
+                f"Received: shape {_common.shape_text((D_q, D_q))}")
         if D_mv != D_m:
             raise ValueError(
                 "The cross-attention key and value widths must be equal (both are the memory "
@@ -180,23 +171,23 @@ def _torch_block(entries, num_heads, norms, cross):
     entries.check_all_used()
 
     def plan(layer):
-        steps = mha_plan(layer.self_attention, self_weights)
+        steps = _common.mha_plan(layer.self_attention, self_weights)
         if cross:
-            steps += mha_plan(layer.cross_attention, cross_weights)
-        steps += dense_plan(layer.feed_forward.intermediate_dense, w1.T, b1, "linear1")
-        steps += dense_plan(layer.feed_forward.output_dense, w2.T, b2, "linear2")
+            steps += _common.mha_plan(layer.cross_attention, cross_weights)
+        steps += _common.dense_plan(layer.feed_forward.intermediate_dense, w1.T, b1, "linear1")
+        steps += _common.dense_plan(layer.feed_forward.output_dense, w2.T, b2, "linear2")
         ours = ["self_attention_norm"] + (["cross_attention_norm"] if cross else [])
         for norm_name, torch_name, (gamma, beta) in zip(ours + ["feed_forward_norm"], norms,
                                                        norm_weights):
-            steps += norm_plan(getattr(layer, norm_name), gamma, beta, torch_name)
+            steps += _common.norm_plan(getattr(layer, norm_name), gamma, beta, torch_name)
         return steps
 
     return D, D_m, F, plan
 
 
 def _transformer_options(num_heads, norm_first, activation, layer_norm_eps, kwargs):
-    check_num_heads(num_heads)
-    check_kwargs(kwargs, _TRANSFORMER_DERIVED, "state dict or the torch-named arguments")
+    _common.check_num_heads(num_heads)
+    _common.check_kwargs(kwargs, _TRANSFORMER_DERIVED, "state dict or the torch-named arguments")
     return {"activation": _torch_activation(activation), "layer_norm_epsilon": layer_norm_eps,
             "normalize_first": bool(norm_first), **kwargs}
 
@@ -242,11 +233,11 @@ def transformer_encoder_layer_from_torch(state_dict, num_heads, *, norm_first=Fa
             entry is present, or an option is unsupported.
     """
     options = _transformer_options(num_heads, norm_first, activation, layer_norm_eps, kwargs)
-    entries = StateDict(state_dict, prefix)
+    entries = _common.StateDict(state_dict, prefix)
     D, _, F, plan = _torch_block(entries, num_heads, ("norm1", "norm2"), cross=False)
     layer = TransformerEncoderLayer(num_heads, intermediate_dim=F, **options)
     layer.build((None, None, D))
-    assign(plan(layer))
+    _common.assign(plan(layer))
     return layer
 
 
@@ -295,7 +286,7 @@ def transformer_decoder_layer_from_torch(state_dict, num_heads, *, norm_first=Fa
                                    or memory_dim <= 0):
         raise ValueError(f"`memory_dim` must be a positive integer or None. Received: "
                          f"memory_dim={memory_dim!r}")
-    entries = StateDict(state_dict, prefix)
+    entries = _common.StateDict(state_dict, prefix)
     D, D_m, F, plan = _torch_block(entries, num_heads, ("norm1", "norm2", "norm3"), cross=True)
     if memory_dim is not None and memory_dim != D_m:
         raise ValueError(
@@ -304,6 +295,6 @@ def transformer_decoder_layer_from_torch(state_dict, num_heads, *, norm_first=Fa
             f"Received: memory_dim={memory_dim}")
     layer = TransformerDecoderLayer(num_heads, intermediate_dim=F, **options)
     layer.build((None, None, D), memory_shape=(None, None, D_m))
-    assign(plan(layer))
+    _common.assign(plan(layer))
     return layer
 
