@@ -3,6 +3,10 @@
 The torch converters are tested in `test_convert_torch.py`, which needs torch.
 """
 
+import ast
+import pathlib
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -140,3 +144,56 @@ def test_from_keras_rejects_derived_arguments():
     source.build((2, 3, 6), (2, 3, 6))
     with pytest.raises(ValueError, match="key_dim"):
         convert.multi_head_attention_from_keras(source, key_dim=8)
+
+
+def test_from_keras_keeps_the_regularizer_and_constraint_objects():
+    """The objects themselves come along: a custom class without `get_config` (not serializable)."""
+
+    class Penalty(keras.regularizers.Regularizer):
+        def __call__(self, x):
+            return 1e-3 * keras.ops.sum(keras.ops.abs(x))
+
+    penalty, clip = Penalty(), keras.constraints.MaxNorm(2.0)
+    source = keras.layers.MultiHeadAttention(2, 4, kernel_regularizer=penalty, bias_constraint=clip)
+    source.build((2, 3, 6), (2, 3, 6))
+    layer = convert.multi_head_attention_from_keras(source)
+    assert layer.kernel_regularizer is penalty and layer.bias_constraint is clip
+    assert layer.bias_regularizer is None and layer.kernel_constraint is None
+
+
+def _convert_modules():
+    package = pathlib.Path(convert.__file__).parent
+    return [(path.name, ast.parse(path.read_text(), filename=str(path)))
+            for path in sorted(package.glob("*.py"))]
+
+
+def test_converters_import_only_keras_numpy_and_the_standard_library():
+    """No torch or transformers, and nothing that unpickles (`torch.load`, `np.load`, pickle)."""
+    allowed = ({"keras", "numpy", "keras_attn"} | set(sys.stdlib_module_names)) - {
+        "pickle", "shelve", "marshal"}
+    assert len(_convert_modules()) >= 5
+    for name, tree in _convert_modules():
+        for node in ast.walk(tree):
+            roots = []
+            if isinstance(node, ast.Import):
+                roots = [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                roots = [node.module.split(".")[0]]
+            assert set(roots) <= allowed, f"{name}:{node.lineno} imports {roots}"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                assert node.func.attr not in ("load", "loads"), f"{name}:{node.lineno} loads a file"
+
+
+def test_the_keras_converter_reads_private_attributes_in_one_helper_only():
+    """Keras's public API (`query_dense`, `attention_axes`, ...), except three options it hides."""
+    tree = dict(_convert_modules())["keras.py"]
+    private = {}
+    for function in tree.body:
+        if isinstance(function, ast.FunctionDef):
+            names = {node.attr for node in ast.walk(function) if isinstance(node, ast.Attribute)}
+            names |= {node.args[1].value for node in ast.walk(function)
+                      if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr"
+                      and isinstance(node.args[1], ast.Constant)}
+            private[function.name] = {n for n in names if n.startswith("_") and not n.startswith("__")}
+    assert private.pop("_unexposed_arguments") == {"_use_gate", "_output_shape", "_sliding_window"}
+    assert not any(private.values()), f"private attributes read: {private}"

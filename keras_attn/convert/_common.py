@@ -1,0 +1,159 @@
+"""What the three sources share: reading arrays, checking state dicts and arguments, assigning weights.
+
+Every converter checks everything first and assigns last: the readers below
+raise a `ValueError` naming the entry and what was received, and `assign`
+checks every shape of a plan before it assigns any variable.
+"""
+
+from collections.abc import Mapping
+
+import keras
+import numpy as np
+
+__all__ = ["MHA_DERIVED", "StateDict", "assign", "check_kwargs", "check_num_heads", "dense_plan",
+           "mha_plan", "norm_plan", "shape_text", "to_numpy"]
+
+# Arguments of keras_attn.MultiHeadAttention the converters derive from the weights;
+# passing them in **kwargs is an error.
+MHA_DERIVED = ("num_heads", "key_dim", "value_dim", "output_dim", "use_bias")
+
+
+def to_numpy(value, what):
+    """`value` as a numpy array: `numpy.asarray`, else `.detach().cpu().numpy()`."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, RuntimeError):  # e.g. a torch tensor that requires grad
+        array = None
+    if array is None or array.dtype == object:
+        detach = getattr(value, "detach", None)
+        if detach is None:
+            raise ValueError(
+                f"{what} could not be read as a numpy array. "
+                f"Received: an object of type {type(value).__name__}")
+        tensor = detach().cpu()
+        try:
+            array = np.asarray(tensor.numpy())
+        except TypeError:  # a dtype numpy lacks (torch.bfloat16): read it as float32
+            array = np.asarray(tensor.float().numpy())
+    return array
+
+
+def shape_text(shape):
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+class StateDict:
+    """The entries of a state dict under `prefix`, read once and checked by name."""
+
+    def __init__(self, state_dict, prefix):
+        if not isinstance(state_dict, Mapping) and callable(getattr(state_dict, "state_dict", None)):
+            state_dict = state_dict.state_dict()  # a torch module: read its state dict
+        if not isinstance(state_dict, Mapping):
+            raise ValueError(
+                "`state_dict` must be a mapping from names to arrays (for example "
+                f"`module.state_dict()`). Received: state_dict of type {type(state_dict).__name__}")
+        if not isinstance(prefix, str):
+            raise ValueError(f"`prefix` must be a string. Received: prefix={prefix!r}")
+        if prefix and not prefix.endswith("."):
+            prefix += "."
+        self.prefix = prefix
+        self._raw = {key[len(prefix):]: value for key, value in state_dict.items()
+                     if isinstance(key, str) and key.startswith(prefix)}
+        self._arrays = {}
+        self._used = set()
+
+    def key(self, name):
+        return repr(self.prefix + name)
+
+    def has(self, name):
+        return name in self._raw
+
+    def received(self):
+        names = sorted(self.prefix + name for name in self._raw)
+        shown = ", ".join(repr(n) for n in names[:12])
+        more = f", ... ({len(names)} in all)" if len(names) > 12 else ""
+        return f"Received keys: [{shown}{more}]"
+
+    def require(self, *names, hint=""):
+        missing = [name for name in names if name not in self._raw]
+        if missing:
+            raise ValueError(
+                f"state_dict is missing {', '.join(self.key(n) for n in missing)}{hint}. "
+                + self.received())
+
+    def get(self, name):
+        self.require(name)
+        if name not in self._arrays:
+            self._arrays[name] = to_numpy(self._raw[name], f"state_dict entry {self.key(name)}")
+        self._used.add(name)
+        return self._arrays[name]
+
+    def shaped(self, name, letters, shape):
+        """The entry `name`, which must have `shape` (written `letters` in the message)."""
+        array = self.get(name)
+        if array.shape != tuple(shape):
+            raise ValueError(
+                f"state_dict entry {self.key(name)} must have shape {letters} = "
+                f"{shape_text(shape)}. Received: shape {shape_text(array.shape)}")
+        return array
+
+    def rank(self, name, rank, letters):
+        array = self.get(name)
+        if array.ndim != rank:
+            raise ValueError(
+                f"state_dict entry {self.key(name)} must have shape {letters}. "
+                f"Received: shape {shape_text(array.shape)}")
+        return array
+
+    def check_all_used(self):
+        extra = sorted(set(self._raw) - self._used)
+        if extra:
+            raise ValueError(
+                "state_dict has unexpected entries "
+                f"{', '.join(self.key(n) for n in extra)}, which the converted layer has no "
+                "weights for (an unsupported option of the source module, or the wrong `prefix`).")
+
+
+def check_kwargs(kwargs, derived, source):
+    clash = [name for name in derived if name in kwargs]
+    if clash:
+        raise ValueError(
+            f"{', '.join(f'`{n}`' for n in clash)} cannot be passed here: it is read from the "
+            f"{source}. Received: " + ", ".join(f"{n}={kwargs[n]!r}" for n in clash))
+
+
+def assign(plan):
+    """Check every `(variable, array, what)` shape, then assign them all."""
+    for variable, array, what in plan:
+        if tuple(variable.shape) != tuple(array.shape):
+            raise ValueError(
+                f"{what} has shape {shape_text(array.shape)} but the layer's variable "
+                f"'{variable.path}' has shape {shape_text(tuple(variable.shape))}.")
+    for variable, array, _ in plan:
+        variable.assign(keras.ops.cast(array, variable.dtype))
+
+
+def dense_plan(dense, kernel, bias, what):
+    plan = [(dense.kernel, kernel, f"{what} kernel")]
+    if bias is not None:
+        plan.append((dense.bias, bias, f"{what} bias"))
+    return plan
+
+
+def norm_plan(norm, gamma, beta, what):
+    return [(norm.gamma, gamma, f"{what} weight"), (norm.beta, beta, f"{what} bias")]
+
+
+def mha_plan(layer, weights):
+    """Assignments of `weights[part] = (kernel, bias)` (keras_attn layouts, bias maybe None)
+    onto the query, key, value and output projections of a keras_attn MultiHeadAttention."""
+    plan = []
+    for part in ("query", "key", "value", "output"):
+        kernel, bias = weights[part]
+        plan += dense_plan(getattr(layer, part + "_dense"), kernel, bias, part)
+    return plan
+
+
+def check_num_heads(num_heads):
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"`num_heads` must be a positive integer. Received: num_heads={num_heads!r}")
