@@ -67,6 +67,13 @@ def empty_cache(layer, batch_size, max_length, dtype=None):
     Returns:
         Zeros `(B, 2, S_max, H_kv, d)`: H_kv the layer's
         `num_key_value_heads`, d its `key_dim`.
+
+    Example:
+
+    >>> import keras_attn
+    >>> layer = keras_attn.MultiHeadAttention(8, 16, num_key_value_heads=2)
+    >>> tuple(empty_cache(layer, batch_size=1, max_length=128).shape)
+    (1, 2, 128, 2, 16)
     """
     attention = getattr(layer, "self_attention", layer)
     heads = getattr(attention, "num_key_value_heads", None)

@@ -96,37 +96,29 @@ def generate(next_token_fn, prompt, max_length, cache, *, end_token_id=None, tem
     `keras.ops.take(embedding.embeddings, ...)` instead, which attaches no
     Keras mask, and passes the padding as `padding_mask` `(B, L)`.
 
-    ```python
-    import keras
-    import numpy as np
-    from keras import ops
-
-    import keras_attn
-    from keras_attn.generation import generate
-
-    B, P, L, V, D, PAD = 2, 3, 7, 11, 8, 0
-    embedding = keras.layers.Embedding(V, D, mask_zero=True)
-    decoder = keras_attn.TransformerDecoderLayer(
-        2, intermediate_dim=16, key_dim=4, rope_max_wavelength=100.0)
-    head = keras.layers.Dense(V)
-    embedding.build((B, L))
-    decoder.build((B, L, D))
-    head.build((B, L, D))
-
-    prompt = np.array([[5, 6, 7],      # 3 real tokens
-                       [PAD, PAD, 8]])  # 1 real token, padded on the left
-    padding_mask = np.concatenate(      # (B, L), over the cache slots
-        [prompt != PAD, np.ones((B, L - P), bool)], axis=1)
-
-    def next_token_fn(token_ids, cache, index):
-        x = ops.take(embedding.embeddings, token_ids, axis=0)  # no Keras mask
-        x, cache = decoder(x, padding_mask=padding_mask, self_attention_cache=cache,
-                           self_attention_cache_update_index=index)
-        return head(x), cache
-
-    tokens = generate(next_token_fn, prompt, L, keras_attn.empty_cache(decoder, B, L),
-                      end_token_id=[1, 2])  # (B, L) int32
-    ```
+    >>> import keras
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> import keras_attn
+    >>> B, P, L, V, D, PAD = 2, 3, 7, 11, 8, 0
+    >>> embedding = keras.layers.Embedding(V, D, mask_zero=True)
+    >>> decoder = keras_attn.TransformerDecoderLayer(
+    ...     2, intermediate_dim=16, key_dim=4, rope_max_wavelength=100.0)
+    >>> head = keras.layers.Dense(V)
+    >>> prompt = np.array([[5, 6, 7],      # 3 real tokens
+    ...                    [PAD, PAD, 8]])  # 1 real token, padded on the left
+    >>> padding_mask = np.concatenate(      # (B, L), over the cache slots
+    ...     [prompt != PAD, np.ones((B, L - P), bool)], axis=1)
+    >>> def next_token_fn(token_ids, cache, index):
+    ...     x = ops.take(embedding.embeddings, token_ids, axis=0)  # no Keras mask
+    ...     x, cache = decoder(x, padding_mask=padding_mask, self_attention_cache=cache,
+    ...                        self_attention_cache_update_index=index)
+    ...     return head(x), cache
+    >>> embedding.build((B, L)); decoder.build((B, L, D)); head.build((B, L, D))
+    >>> tokens = generate(next_token_fn, prompt, L, keras_attn.empty_cache(decoder, B, L),
+    ...                   end_token_id=[1, 2])
+    >>> tuple(tokens.shape), bool((ops.convert_to_numpy(tokens)[:, :P] == prompt).all())
+    ((2, 7), True)
     """
     prompt = ops.convert_to_tensor(prompt)
     shape = static_shape(prompt)

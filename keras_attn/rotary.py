@@ -48,6 +48,15 @@ def rotary_embedding(x, positions=None, start_index=0, max_wavelength=10000.0,
 
     Returns:
         A tensor of the shape and dtype of `x`.
+
+    Example: position 0 is not rotated, and rotations keep every pair's norm.
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> x = np.ones((1, 3, 2, 4), "float32")  # (B, L, H, d)
+    >>> y = ops.convert_to_numpy(rotary_embedding(x))
+    >>> bool(np.allclose(y[0, 0], x[0, 0])), bool(np.allclose(np.linalg.norm(y, axis=-1), 2.0))
+    (True, True)
     """
     x = ops.convert_to_tensor(x)
     shape = static_shape(x)
@@ -107,6 +116,13 @@ class RotaryEmbedding(keras.layers.Layer):
 
     Returns:
         The rotated inputs, same shape and dtype.
+
+    Example:
+
+    >>> import numpy as np
+    >>> rope = RotaryEmbedding(max_wavelength=10000)
+    >>> tuple(rope(np.zeros((2, 7, 4, 16), "float32"), start_index=3).shape)
+    (2, 7, 4, 16)
     """
 
     def __init__(self, max_wavelength=10000, scaling_factor=1.0, interleaved=False,

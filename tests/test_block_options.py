@@ -66,3 +66,12 @@ def test_the_options_round_trip_through_a_keras_file():
     layer = loaded.layers[-1]
     assert (layer.implementation, layer.attention_dropout) == ("explicit", 0.25)
     assert_close(loaded(x), to_numpy(model(x)), against=UNCACHED)
+
+
+def test_a_key_mask_of_shape_s_is_the_same_for_every_row():
+    """(S,) broadcasts to (B, S): it used to be read as (S, 1, 1) against (B, H, T, S)."""
+    x = randn(rng(7), B, T, D)
+    layer = keras_attn.MultiHeadAttention(H, 4)
+    keys = np.arange(T) != 2  # drop key 2 everywhere
+    expected = to_numpy(layer(x, key_mask=np.broadcast_to(keys, (B, T))))
+    assert_close(layer(x, key_mask=keys), expected, against=UNCACHED)

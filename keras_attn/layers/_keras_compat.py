@@ -195,5 +195,7 @@ def merge_masks(B, T, S, H, attention_mask, key_padding):
             # rank < 3 ((T, S) or (S,)) already broadcasts from the right.
     if key_padding is not None:
         check_broadcastable("key_mask", key_padding, (B, S), "(B, S)")
-        key_padding = ops.expand_dims(ops.expand_dims(key_padding, 1), 1)  # (B, 1, 1, S)
+        if len(static_shape(key_padding)) == 1:  # (S,): the same keys for every row
+            key_padding = ops.expand_dims(key_padding, 0)  # (1, S)
+        key_padding = ops.expand_dims(ops.expand_dims(key_padding, 1), 1)  # (B|1, 1, 1, S)
     return combine_masks(attention_mask, key_padding)

@@ -38,6 +38,13 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     Returns:
         `(B, T, output_dim or D)`. Keras masks pass through unchanged.
+
+    Example:
+
+    >>> import numpy as np
+    >>> ffn = PositionwiseFeedForward(64, activation="silu", gated=True)
+    >>> tuple(ffn(np.zeros((2, 5, 16), "float32")).shape)
+    (2, 5, 16)
     """
 
     def __init__(

@@ -155,6 +155,16 @@ class MultiHeadAttention(keras.layers.Layer):
         `(B, 2, S_max, H_kv, d)` comes last: `(output, new_cache)` or
         `(output, scores, new_cache)`. A query that may attend no key gets
         a zero attention output.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = MultiHeadAttention(num_heads=8, key_dim=16, num_key_value_heads=2,
+    ...                            rope_max_wavelength=1e4, sliding_window=64)
+    >>> x = np.zeros((2, 10, 32), "float32")
+    >>> output, scores = layer(x, use_causal_mask=True, return_attention_scores=True)
+    >>> tuple(output.shape), tuple(scores.shape)
+    ((2, 10, 32), (2, 8, 10, 10))
     """
 
     def __init__(self, num_heads, key_dim, value_dim=None, output_dim=None, dropout=0.0,

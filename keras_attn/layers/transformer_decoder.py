@@ -85,6 +85,25 @@ class TransformerDecoderLayer(TransformerLayerBase):
         are given (after the scores, if requested). On symbolic inputs
         (a Functional model) the same structure comes back as
         `KerasTensor`s.
+
+    Example: a decoder-only (Llama-style) block, then one cached step.
+
+    >>> import numpy as np
+    >>> import keras_attn
+    >>> block = TransformerDecoderLayer(
+    ...     4, intermediate_dim=64, num_key_value_heads=2, rope_max_wavelength=1e4,
+    ...     normalization="rms", normalize_first=True, gated_feed_forward=True,
+    ...     activation="silu", use_bias=False)
+    >>> x = np.random.default_rng(0).standard_normal((2, 6, 32)).astype("float32")
+    >>> tuple(block(x).shape)
+    (2, 6, 32)
+    >>> cache = keras_attn.empty_cache(block, batch_size=2, max_length=8)
+    >>> y, cache = block(x[:, :5], self_attention_cache=cache,
+    ...                  self_attention_cache_update_index=0)  # the prompt
+    >>> y, cache = block(x[:, 5:], self_attention_cache=cache,
+    ...                  self_attention_cache_update_index=5)  # one new token
+    >>> tuple(y.shape), tuple(cache.shape)
+    ((2, 1, 32), (2, 2, 8, 2, 8))
     """
 
     def build(self, inputs_shape, memory_shape=None):

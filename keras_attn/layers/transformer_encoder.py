@@ -71,6 +71,16 @@ class TransformerEncoderLayer(TransformerLayerBase):
     Returns:
         `(B, T, D)`, and with `return_attention_scores=True` also the
         weights `(B, H, T, T)`. The output carries the input's Keras mask.
+
+    Example:
+
+    >>> import numpy as np
+    >>> encoder = TransformerEncoderLayer(4, intermediate_dim=64, normalize_first=True)
+    >>> x = np.random.default_rng(0).standard_normal((2, 10, 32)).astype("float32")
+    >>> real = np.arange(10) < np.array([[10], [7]])  # (B, T): row 1 has 7 tokens
+    >>> outputs, scores = encoder(x, padding_mask=real, return_attention_scores=True)
+    >>> tuple(outputs.shape), tuple(scores.shape)
+    ((2, 10, 32), (2, 4, 10, 10))
     """
 
     def build(self, inputs_shape):
