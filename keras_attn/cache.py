@@ -34,6 +34,7 @@ from keras import ops
 
 from keras_attn._paths import paths_taken
 from keras_attn._shapes import static_shape
+from keras_attn._typing import Tensor
 from keras_attn._validation import check_positive_int, concrete_value, dtype_of
 
 __all__ = [
@@ -52,7 +53,8 @@ __all__ = [
 ]
 
 
-def empty_cache(layer, batch_size, max_length, dtype=None):
+def empty_cache(layer: keras.layers.Layer, batch_size: int, max_length: int,
+                dtype: str | None = None) -> Tensor:
     """A zero key/value cache for `layer`, to be filled by calls with an update index.
 
     Args:

@@ -192,7 +192,9 @@ def _owned_sublayers(model):
                 yield owner, name, sublayer
 
 
-def get_layout_map(device_mesh, model_axis="model", data_axis=None, model=None):
+def get_layout_map(device_mesh: keras.distribution.DeviceMesh, model_axis: str = "model",
+                   data_axis: str | None = None,
+                   model: keras.Model | None = None) -> keras.distribution.LayoutMap:
     """A tensor-parallel `keras.distribution.LayoutMap` for keras_attn layers.
 
     Use it with `keras.distribution.ModelParallel`, then create the model

@@ -7,20 +7,26 @@ prompt length, L `max_length`, V vocabulary size.
 """
 
 import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_attn._shapes import static_shape
+from keras_attn._typing import Tensor
 from keras_attn._validation import check_positive_int, concrete_value, dtype_of
 from keras_attn.cache import generation_slots
 
 __all__ = ["generate"]
 
 
-def generate(next_token_fn, prompt, max_length, cache, *, end_token_id=None, temperature=0.0,
-             top_k=None, seed=None):
+def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
+             prompt: Tensor, max_length: int, cache: Any, *,
+             end_token_id: int | Sequence[int] | Tensor | None = None,
+             temperature: float = 0.0, top_k: int | None = None,
+             seed: int | keras.random.SeedGenerator | None = None) -> Tensor:
     """Extend `prompt` token by token up to `max_length`, greedy or sampled.
 
     The contract of `next_token_fn(token_ids, cache, cache_update_index)`:

@@ -18,6 +18,7 @@ import keras
 from keras import ops
 
 from keras_attn._shapes import softmax_dtype, static_shape
+from keras_attn._typing import Tensor
 from keras_attn._validation import check_positive_float
 
 __all__ = ["RotaryEmbedding", "rotary_embedding"]
@@ -30,8 +31,9 @@ def _angles(positions, dim, max_wavelength, scaling_factor, dtype):
     return ops.expand_dims(ops.cast(positions, dtype), -1) * theta  # (..., L, d/2)
 
 
-def rotary_embedding(x, positions=None, start_index=0, max_wavelength=10000.0,
-                     scaling_factor=1.0, interleaved=False, sequence_axis=1):
+def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: int | Tensor = 0,
+                     max_wavelength: float = 10000.0, scaling_factor: float = 1.0,
+                     interleaved: bool = False, sequence_axis: int = 1) -> Tensor:
     """Rotate the last axis of `x` by its positions.
 
     Args:
@@ -125,8 +127,8 @@ class RotaryEmbedding(keras.layers.Layer):
     (2, 7, 4, 16)
     """
 
-    def __init__(self, max_wavelength=10000, scaling_factor=1.0, interleaved=False,
-                 sequence_axis=1, **kwargs):
+    def __init__(self, max_wavelength: float = 10000, scaling_factor: float = 1.0,
+                 interleaved: bool = False, sequence_axis: int = 1, **kwargs) -> None:
         super().__init__(**kwargs)
         self.max_wavelength = check_positive_float("max_wavelength", max_wavelength)
         self.scaling_factor = check_positive_float("scaling_factor", scaling_factor)

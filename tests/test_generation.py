@@ -1,7 +1,7 @@
 """`keras_attn.generation.generate` against a plain loop over the uncached model."""
 
+import doctest
 import re
-import textwrap
 
 import keras
 import numpy as np
@@ -398,11 +398,12 @@ def test_left_padded_prompts_and_a_mask_zero_embedding():
 
 def test_docstring_example_runs():
     """The `Example:` block of `generate`'s docstring runs as written."""
-    doc = generate.__doc__
-    code = textwrap.dedent(doc[doc.index("```python") + len("```python"):doc.rindex("```")])
-    namespace = {}
-    exec(compile(code, "generate.__doc__", "exec"), namespace)
-    tokens, prompt = to_numpy(namespace["tokens"]), namespace["prompt"]
+    namespace = {"generate": generate}
+    test = doctest.DocTestParser().get_doctest(generate.__doc__, namespace, "generate", None, 0)
+    runner = doctest.DocTestRunner()
+    runner.run(test, clear_globs=False)
+    assert runner.failures == 0 and runner.tries > 5
+    tokens, prompt = to_numpy(test.globs["tokens"]), test.globs["prompt"]
     assert tokens.shape == (B, L) and tokens.dtype == np.int32
     np.testing.assert_array_equal(tokens[:, :P], prompt)
     assert ((tokens >= 0) & (tokens < V)).all()

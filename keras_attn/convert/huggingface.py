@@ -4,6 +4,9 @@ transformers is never imported: the state dict's tensors are read as arrays
 (see `keras_attn.convert`).
 """
 
+from collections.abc import Mapping
+from typing import Any
+
 from keras_attn.convert import _common
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
@@ -64,8 +67,9 @@ def _llama_attention(entries, num_heads, num_key_value_heads, sub=""):
     return D, d, use_bias, weights
 
 
-def multi_head_attention_from_llama(state_dict, num_heads, num_key_value_heads, *,
-                                    rope_theta=10000.0, prefix="", **kwargs):
+def multi_head_attention_from_llama(state_dict: Mapping[str, Any], num_heads: int,
+                                    num_key_value_heads: int, *, rope_theta: float = 10000.0,
+                                    prefix: str = "", **kwargs) -> MultiHeadAttention:
     """A `keras_attn.MultiHeadAttention` from a Hugging Face `LlamaAttention` state dict.
 
     `LlamaAttention` projects with `q_proj.weight` `(H * d, D)`,
@@ -129,9 +133,10 @@ def multi_head_attention_from_llama(state_dict, num_heads, num_key_value_heads, 
     return layer
 
 
-def transformer_decoder_layer_from_llama(state_dict, num_heads, num_key_value_heads, *,
-                                         rope_theta=10000.0, rms_norm_eps=1e-6, prefix="",
-                                         **kwargs):
+def transformer_decoder_layer_from_llama(state_dict: Mapping[str, Any], num_heads: int,
+                                         num_key_value_heads: int, *, rope_theta: float = 10000.0,
+                                         rms_norm_eps: float = 1e-6, prefix: str = "",
+                                         **kwargs) -> TransformerDecoderLayer:
     """A Llama-style `keras_attn.TransformerDecoderLayer` from a `LlamaDecoderLayer` state dict.
 
     The Hugging Face `LlamaDecoderLayer` computes

@@ -12,7 +12,8 @@ _KERAS_PROJECTION_EQUATION = "abc,cde->abde"
 _KERAS_OUTPUT_EQUATION = "abcd,cde->abe"
 
 
-def multi_head_attention_from_keras(layer, **kwargs):
+def multi_head_attention_from_keras(layer: keras.layers.MultiHeadAttention,
+                                    **kwargs) -> MultiHeadAttention:
     """A `keras_attn.MultiHeadAttention` with the weights of a Keras one.
 
     Keras's `EinsumDense` kernels `(D_q, H, d_k)`, `(D_k, H, d_k)`,

@@ -6,6 +6,9 @@ a `TransformerEncoderLayer` and a `TransformerDecoderLayer`. torch is never
 imported: the tensors are read as arrays (see `keras_attn.convert`).
 """
 
+from collections.abc import Mapping
+from typing import Any
+
 from keras_attn.convert import _common
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
@@ -73,7 +76,8 @@ def _torch_mha(entries, num_heads, sub=""):
     return D, k_w.shape[1], v_w.shape[1], use_bias, weights
 
 
-def multi_head_attention_from_torch(state_dict, num_heads, *, prefix="", **kwargs):
+def multi_head_attention_from_torch(state_dict: Mapping[str, Any], num_heads: int, *,
+                                    prefix: str = "", **kwargs) -> MultiHeadAttention:
     """A `keras_attn.MultiHeadAttention` from a `torch.nn.MultiheadAttention` state dict.
 
     The torch module is `MultiheadAttention(D, H, batch_first=True)`, with
@@ -192,8 +196,10 @@ def _transformer_options(num_heads, norm_first, activation, layer_norm_eps, kwar
             "normalize_first": bool(norm_first), **kwargs}
 
 
-def transformer_encoder_layer_from_torch(state_dict, num_heads, *, norm_first=False, activation="relu",
-                                         layer_norm_eps=1e-5, prefix="", **kwargs):
+def transformer_encoder_layer_from_torch(state_dict: Mapping[str, Any], num_heads: int, *,
+                                         norm_first: bool = False, activation: str = "relu",
+                                         layer_norm_eps: float = 1e-5, prefix: str = "",
+                                         **kwargs) -> TransformerEncoderLayer:
     """A `keras_attn.TransformerEncoderLayer` from a `torch.nn.TransformerEncoderLayer` state dict.
 
     The torch layer is `TransformerEncoderLayer(D, H, F, batch_first=True)`
@@ -241,8 +247,11 @@ def transformer_encoder_layer_from_torch(state_dict, num_heads, *, norm_first=Fa
     return layer
 
 
-def transformer_decoder_layer_from_torch(state_dict, num_heads, *, norm_first=False, activation="relu",
-                                         layer_norm_eps=1e-5, memory_dim=None, prefix="", **kwargs):
+def transformer_decoder_layer_from_torch(state_dict: Mapping[str, Any], num_heads: int, *,
+                                         norm_first: bool = False, activation: str = "relu",
+                                         layer_norm_eps: float = 1e-5,
+                                         memory_dim: int | None = None, prefix: str = "",
+                                         **kwargs) -> TransformerDecoderLayer:
     """A `keras_attn.TransformerDecoderLayer` from a `torch.nn.TransformerDecoderLayer` state dict.
 
     The torch layer is `TransformerDecoderLayer(D, H, F, batch_first=True)`

@@ -1,8 +1,11 @@
 """Constructor, sublayer factories and config shared by the encoder and decoder."""
 
+from collections.abc import Callable
+
 import keras
 
 from keras_attn._paths import check_implementation
+from keras_attn._typing import Initializer
 from keras_attn._validation import check_dropout, check_positive_int
 from keras_attn.layers._common import clone_initializer
 from keras_attn.layers.feed_forward import PositionwiseFeedForward
@@ -21,30 +24,30 @@ class TransformerLayerBase(keras.layers.Layer):
 
     def __init__(
         self,
-        num_heads,
+        num_heads: int,
         *args,
-        intermediate_dim=None,
-        key_dim=None,
-        dropout=0.0,
-        activation="relu",
-        layer_norm_epsilon=1e-5,
-        normalize_first=False,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        num_key_value_heads=None,
-        rope_max_wavelength=None,
-        rope_scaling_factor=1.0,
-        rope_interleaved=False,
-        sliding_window=None,
-        logit_soft_cap=None,
-        qk_norm=None,
-        normalization="layer",
-        use_bias=True,
-        gated_feed_forward=False,
-        implementation="auto",
-        attention_dropout=0.0,
+        intermediate_dim: int | None = None,
+        key_dim: int | None = None,
+        dropout: float = 0.0,
+        activation: str | Callable = "relu",
+        layer_norm_epsilon: float = 1e-5,
+        normalize_first: bool = False,
+        kernel_initializer: Initializer = "glorot_uniform",
+        bias_initializer: Initializer = "zeros",
+        num_key_value_heads: int | None = None,
+        rope_max_wavelength: float | None = None,
+        rope_scaling_factor: float = 1.0,
+        rope_interleaved: bool = False,
+        sliding_window: int | None = None,
+        logit_soft_cap: float | None = None,
+        qk_norm: str | None = None,
+        normalization: str = "layer",
+        use_bias: bool = True,
+        gated_feed_forward: bool = False,
+        implementation: str = "auto",
+        attention_dropout: float = 0.0,
         **kwargs,
-    ):
+    ) -> None:
         if args:
             raise TypeError(
                 f"{type(self).__name__} takes `num_heads` positionally and every other "

@@ -1,7 +1,10 @@
 """Position-wise feed-forward network (paper Section 3.3, Eq. 2)."""
 
+from collections.abc import Callable
+
 import keras
 
+from keras_attn._typing import Initializer
 from keras_attn._validation import check_dropout, check_positive_int
 from keras_attn.layers._common import clone_initializer
 
@@ -49,14 +52,14 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     def __init__(
         self,
-        intermediate_dim,
-        output_dim=None,
-        activation="relu",
-        dropout=0.0,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        gated=False,
+        intermediate_dim: int,
+        output_dim: int | None = None,
+        activation: str | Callable = "relu",
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        kernel_initializer: Initializer = "glorot_uniform",
+        bias_initializer: Initializer = "zeros",
+        gated: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)

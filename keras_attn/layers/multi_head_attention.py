@@ -6,6 +6,7 @@ attention (`_compute_attention`, if overridden) -> output projection.
 """
 
 import math
+from typing import Any
 
 import keras
 from keras import ops
@@ -20,6 +21,7 @@ from keras_attn._paths import (
     select_implementation,
 )
 from keras_attn._shapes import static_shape
+from keras_attn._typing import Initializer
 from keras_attn._validation import as_bool_mask, check_dropout, check_positive_int, check_rank
 from keras_attn.attention import causal_mask, sliding_window_mask
 from keras_attn.layers import _keras_compat as compat
@@ -167,14 +169,19 @@ class MultiHeadAttention(keras.layers.Layer):
     ((2, 10, 32), (2, 8, 10, 10))
     """
 
-    def __init__(self, num_heads, key_dim, value_dim=None, output_dim=None, dropout=0.0,
-                 use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
-                 kernel_regularizer=None, bias_regularizer=None, seed=None,
-                 implementation="auto", output_shape=None, attention_axes=None,
-                 kernel_constraint=None, bias_constraint=None, flash_attention=None,
-                 num_key_value_heads=None, rope_max_wavelength=None, rope_scaling_factor=1.0,
-                 rope_interleaved=False, sliding_window=None, logit_soft_cap=None,
-                 qk_norm=None, qk_norm_epsilon=1e-6, **kwargs):
+    def __init__(self, num_heads: int, key_dim: int, value_dim: int | None = None,
+                 output_dim: int | None = None, dropout: float = 0.0, use_bias: bool = True,
+                 kernel_initializer: Initializer = "glorot_uniform",
+                 bias_initializer: Initializer = "zeros", kernel_regularizer: Any = None,
+                 bias_regularizer: Any = None, seed: int | None = None,
+                 implementation: str = "auto", output_shape: int | tuple | None = None,
+                 attention_axes: int | tuple | None = None, kernel_constraint: Any = None,
+                 bias_constraint: Any = None, flash_attention: bool | None = None,
+                 num_key_value_heads: int | None = None,
+                 rope_max_wavelength: float | None = None, rope_scaling_factor: float = 1.0,
+                 rope_interleaved: bool = False, sliding_window: int | None = None,
+                 logit_soft_cap: float | None = None, qk_norm: str | None = None,
+                 qk_norm_epsilon: float = 1e-6, **kwargs) -> None:
         super().__init__(**kwargs)
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.key_dim = check_positive_int("key_dim", key_dim)
@@ -413,10 +420,13 @@ class MultiHeadAttention(keras.layers.Layer):
 
 # The options read as attributes (`layer.sliding_window`), each one a field of
 # `keras_attn.options.AttentionOptions`, where it is documented and checked.
+def _option(name: str) -> property:
+    return property(lambda self: getattr(self.options, name),
+                    doc=f"`self.options.{name}` (see `keras_attn.options.AttentionOptions`).")
+
+
 for _name in _OPTION_NAMES:
-    setattr(MultiHeadAttention, _name, property(
-        lambda self, name=_name: getattr(self.options, name),
-        doc=f"`self.options.{_name}` (see `keras_attn.options.AttentionOptions`)."))
+    setattr(MultiHeadAttention, _name, _option(_name))
 
 
 def _positional(T, S, is_causal, window):
