@@ -20,20 +20,7 @@ def _backend():
 
 def disable_tf32():
     """Make float32 matmuls true float32 on GPUs (TF32 off), as Keras's tests do."""
-    name = _backend()
-    if name == "tensorflow":
-        import tensorflow as tf
-
-        tf.config.experimental.enable_tensor_float_32_execution(False)
-    elif name == "torch":
-        import torch
-
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    elif name == "jax":
-        import jax
-
-        jax.config.update("jax_default_matmul_precision", "highest")
+    _set_tf32(False)
 
 
 def allow_tf32():
@@ -42,20 +29,25 @@ def allow_tf32():
     The opposite of `disable_tf32`, for benchmarks only: the tests and the parity
     workers keep TF32 off. Nothing happens on a CPU.
     """
+    _set_tf32(True)
+
+
+def _set_tf32(enabled):
     name = _backend()
     if name == "tensorflow":
         import tensorflow as tf
 
-        tf.config.experimental.enable_tensor_float_32_execution(True)
+        tf.config.experimental.enable_tensor_float_32_execution(enabled)
     elif name == "torch":
         import torch
 
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
     elif name == "jax":
         import jax
 
-        jax.config.update("jax_default_matmul_precision", "tensorfloat32")
+        jax.config.update("jax_default_matmul_precision",
+                          "tensorfloat32" if enabled else "highest")
 
 
 def single_cpu_thread_for_small_ops():

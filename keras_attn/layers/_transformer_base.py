@@ -125,6 +125,19 @@ class TransformerLayerBase(keras.layers.Layer):
         layer.build(query_shape, value_shape=key_shape)
         return layer
 
+    def _build_self_attention(self, inputs_shape):
+        """`self_attention`, `self_attention_norm`, `self_attention_dropout`."""
+        self.self_attention = self._attention(
+            "self_attention", inputs_shape[-1], inputs_shape, inputs_shape)
+        self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
+        self.self_attention_dropout = self._dropout("self_attention_dropout")
+
+    def _build_feed_forward(self, inputs_shape):
+        """`feed_forward`, `feed_forward_norm`, `feed_forward_dropout`."""
+        self.feed_forward = self._feed_forward(inputs_shape)
+        self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
+        self.feed_forward_dropout = self._dropout("feed_forward_dropout")
+
     def _norm(self, name, input_shape):
         cls = (keras.layers.RMSNormalization if self.normalization == "rms"
                else keras.layers.LayerNormalization)

@@ -110,19 +110,14 @@ class TransformerDecoderLayer(TransformerLayerBase):
         inputs_shape = check_rank("inputs", inputs_shape, 3, "(B, T, D)")
         model_dim = inputs_shape[-1]
         self.has_memory = memory_shape is not None
-        self.self_attention = self._attention(
-            "self_attention", model_dim, inputs_shape, inputs_shape)
-        self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
-        self.self_attention_dropout = self._dropout("self_attention_dropout")
+        self._build_self_attention(inputs_shape)
         if self.has_memory:
             memory_shape = check_rank("memory", memory_shape, 3, "(B, S, D_m)")
             self.cross_attention = self._attention(
                 "cross_attention", model_dim, inputs_shape, memory_shape, self_attention=False)
             self.cross_attention_norm = self._norm("cross_attention_norm", inputs_shape)
             self.cross_attention_dropout = self._dropout("cross_attention_dropout")
-        self.feed_forward = self._feed_forward(inputs_shape)
-        self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
-        self.feed_forward_dropout = self._dropout("feed_forward_dropout")
+        self._build_feed_forward(inputs_shape)
         self.built = True
 
     def _check_memory(self, memory, cross_attention_cache=None,

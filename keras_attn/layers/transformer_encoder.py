@@ -85,14 +85,8 @@ class TransformerEncoderLayer(TransformerLayerBase):
 
     def build(self, inputs_shape):
         inputs_shape = check_rank("inputs", inputs_shape, 3, "(B, T, D)")
-        model_dim = inputs_shape[-1]
-        self.self_attention = self._attention(
-            "self_attention", model_dim, inputs_shape, inputs_shape)
-        self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
-        self.self_attention_dropout = self._dropout("self_attention_dropout")
-        self.feed_forward = self._feed_forward(inputs_shape)
-        self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
-        self.feed_forward_dropout = self._dropout("feed_forward_dropout")
+        self._build_self_attention(inputs_shape)
+        self._build_feed_forward(inputs_shape)
         self.built = True
 
     def compute_output_spec(self, inputs, padding_mask=None, attention_mask=None,

@@ -287,20 +287,11 @@ def encoder_layer(
     self-attention (`num_key_value_heads`, RoPE, `sliding_window`, ...).
     Dropout is off (inference).
     """
-    x = np.asarray(x, np.float64)
-    mask = _attention_mask(padding_mask, attention_mask, x.shape[1])
-
-    def attend(h):
-        return multi_head_attention(
-            params["self_attention"], h, num_heads=num_heads, mask=mask,
-            is_causal=is_causal, **(attention_options or {}),
-        )[0]
-
-    x = _sublayer(x, attend, params["self_attention_norm"], epsilon,
-                  normalize_first)
-    ffn = lambda h: feed_forward(params["feed_forward"], h, activation_name)  # noqa: E731
-    return _sublayer(x, ffn, params["feed_forward_norm"], epsilon,
-                     normalize_first)
+    # The same sublayers as a decoder layer without memory (no cross-attention).
+    return decoder_layer(
+        params, x, num_heads, padding_mask=padding_mask, attention_mask=attention_mask,
+        is_causal=is_causal, normalize_first=normalize_first, epsilon=epsilon,
+        activation_name=activation_name, attention_options=attention_options)
 
 
 def decoder_layer(
