@@ -61,15 +61,8 @@ def cached_decode(model, sources, target_length, batch_size=1024):
     `greedy_decode`, padding and the start token are never predicted, and a
     row stops at its end token.
 
-    Args:
-        model: the model of `build_model`.
-        sources: int32 `(N, S)` padded sources.
-        target_length: decoder length T.
-        batch_size: sources decoded together.
-
-    Returns:
-        int32 `(N, T)`: the decoded tokens, end token included; after it,
-        end tokens (compare with `exact_match`).
+    Args and returns: as `greedy_decode` (the same tokens, end token
+    included, then end tokens; compare with `exact_match`).
     """
 
     def decode_batch(src):
