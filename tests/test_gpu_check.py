@@ -1,8 +1,12 @@
-"""`python -m keras_attn.parity.gpu_check`: the offline GPU check. Without a GPU
+"""`python tools/gpu_check.py`: the offline GPU check. Without a GPU
 (GPUs are hidden here, so this holds on a GPU machine too) it must stop at once
 with exit status 2 and a clear message; its summary writer is checked on fake
-step results. Runs on every backend (the script starts its own subprocesses)."""
+step results. Runs on every backend (the script starts its own subprocesses).
 
+`tools/` is a folder of the checkout, not a package (no `__init__.py`, not in the
+wheel): the script is loaded from its file."""
+
+import importlib.util
 import json
 import os
 import pathlib
@@ -12,9 +16,18 @@ import time
 
 import pytest
 
-from keras_attn.parity import gpu_check
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tools" / "gpu_check.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("keras_attn_tools_gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = _load_script()
 
 
 def test_help_lists_the_options(capsys):
@@ -24,6 +37,7 @@ def test_help_lists_the_options(capsys):
     text = capsys.readouterr().out
     for option in ("--out", "--backends", "--budget-s", "--skip-tests", "--skip-bench"):
         assert option in text
+    assert text.startswith("usage: python tools/gpu_check.py ")
 
 
 def test_bad_backend_is_a_usage_error(tmp_path, capsys):
@@ -40,9 +54,10 @@ def test_without_a_gpu_it_exits_2_with_a_clear_message(tmp_path):
                                   if os.environ.get("PYTHONPATH") else [])))
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "keras_attn.parity.gpu_check", "--out", str(tmp_path / "out"),
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "out"),
          "--backends", "jax,torch", "--budget-s", "60"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        # From another folder: the checkout is found from the script's own path.
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     seconds = time.monotonic() - start
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no backend sees a GPU" in proc.stderr
@@ -53,6 +68,19 @@ def test_without_a_gpu_it_exits_2_with_a_clear_message(tmp_path):
     # Nothing else was started.
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["summary.json",
                                                                      "summary.md"]
+    meta = json.loads((tmp_path / "out" / "summary.json").read_text())["meta"]
+    assert meta["root"] == str(ROOT)
+    assert meta["command"].startswith("python tools/gpu_check.py --out ")
+
+
+def test_the_package_does_not_ship_it():
+    """The check drives tests/ and benchmarks/, which the wheel does not ship; so it
+    lives in the checkout's tools/, outside the package."""
+    import keras_attn.parity
+
+    assert importlib.util.find_spec("keras_attn.parity.gpu_check") is None
+    assert not (pathlib.Path(keras_attn.parity.__file__).parent / "gpu_check.py").exists()
+    assert not (ROOT / "tools" / "__init__.py").exists()
 
 
 def _fake_compare(path):

@@ -174,6 +174,7 @@ def test_a_row_killed_by_a_minus_inf_bias_has_zero_finite_gradients(path, T, S, 
     assert_close(out, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.requires_trainable_backend
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("T,S", [(6, 6), (3, 7), (7, 5)])

@@ -83,6 +83,7 @@ def test_window_wider_than_the_keys_is_no_window():
             assert_close(windowed, keras.ops.convert_to_numpy(plain))
 
 
+@pytest.mark.slow
 @pytest.mark.requires_trainable_backend
 @pytest.mark.parametrize("path", ["explicit", "blockwise"])
 @pytest.mark.parametrize("spec", [

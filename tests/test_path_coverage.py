@@ -231,6 +231,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.requires_trainable_backend
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_blockwise_gradients_against_reference(case):
@@ -270,6 +271,7 @@ def test_blockwise_gradients_against_reference(case):
         assert_close(grad, expected, what=f"{case} gradient {which}")
 
 
+@pytest.mark.slow
 @pytest.mark.requires_trainable_backend
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_blockwise_gradients_in_half_precision(dtype):

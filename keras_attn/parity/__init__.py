@@ -11,7 +11,7 @@ One concept per module:
 - `compare`: pure NumPy comparison logic and the tolerance bookkeeping.
 - `report`: the stdout table and the JSON report (save, load).
 - `cli`: the subcommand: arguments, subprocesses, exit status.
-- `gpu_check`: the whole GPU check offline (`python -m keras_attn.parity.gpu_check
-  --out DIR`): the suite, parity on GPU and CPU, their comparison and the benchmark,
-  per backend that sees a GPU, each in a subprocess, within a time budget.
+
+The whole GPU check offline (the suite, parity on GPU and CPU, their comparison and
+the benchmark) is a script of the checkout, not of this package: `tools/gpu_check.py`.
 """

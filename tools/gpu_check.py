@@ -1,4 +1,8 @@
-"""The whole GPU check in one command, offline: `python -m keras_attn.parity.gpu_check --out DIR`.
+"""The whole GPU check in one command, offline: `python tools/gpu_check.py --out DIR`.
+
+A script of the checkout, not part of the package (the wheel ships neither this
+file nor the `tests/` and `benchmarks/` it drives). Run it from a checkout with
+keras_attn importable (installed, or `PYTHONPATH` set to the checkout).
 
 For a machine that already has the CUDA build of JAX, PyTorch and/or TensorFlow
 installed and `keras` importable; it needs no network and installs nothing.
@@ -40,6 +44,7 @@ import time
 
 __all__ = ["compare_figures", "main", "write_summary"]
 
+PROG = "python tools/gpu_check.py"
 BACKENDS = ("tensorflow", "jax", "torch")
 DTYPES = "float32,bfloat16,float16"
 HEADLINE_SIZES = "8x256x256x8,1x16384x256x4"
@@ -60,11 +65,11 @@ def _progress(start, text):
 
 
 def _find_root(explicit):
-    """The source tree holding tests/ (and benchmarks/): --root, this package's
-    parent (a checkout), or the current directory (tox, with the package installed)."""
+    """The source tree holding tests/ (and benchmarks/): --root, the checkout this
+    script lives in (the parent of tools/), or the current directory."""
     if explicit:
         return pathlib.Path(explicit).resolve()
-    here = pathlib.Path(__file__).resolve().parents[2]
+    here = pathlib.Path(__file__).resolve().parents[1]
     for candidate in (here, pathlib.Path.cwd()):
         if (candidate / "tests" / "conftest.py").is_file():
             return candidate
@@ -305,7 +310,7 @@ def _figures(step, log, outputs):
 
 def _parser():
     parser = argparse.ArgumentParser(
-        prog="python -m keras_attn.parity.gpu_check",
+        prog=PROG,
         description="Run the test suite, the parity cases (GPU vs CPU) and the benchmark "
         "on every backend that sees a GPU, offline, and write every report to one folder.")
     parser.add_argument("--out", required=True, help="output folder (created)")
@@ -320,8 +325,8 @@ def _parser():
     parser.add_argument("--bench-sizes", default=HEADLINE_SIZES,
                         help=f"benchmark sizes BxTxDxH (default: the headline {HEADLINE_SIZES})")
     parser.add_argument("--root", default=None,
-                        help="the source tree with tests/ and benchmarks/ (default: this "
-                        "package's checkout, else the current directory)")
+                        help="the source tree with tests/ and benchmarks/ (default: the "
+                        "checkout holding this script, else the current directory)")
     return parser
 
 
@@ -339,7 +344,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     root = _find_root(args.root)
     meta = {"started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "budget_s": args.budget_s,
-            "command": " ".join(["python -m keras_attn.parity.gpu_check"] + argv),
+            "command": " ".join([PROG] + argv),
             "root": str(root), "devices": {}}
     results = []
 
