@@ -26,7 +26,7 @@ Modes:
 Reported: the RSS high-water mark (`resource.getrusage` `ru_maxrss`) after
 imports + build (baseline), after the warm-up step, and after the measured
 step (peak); the delta peak - baseline; wall times; and which attention path
-`keras_attn._paths.paths_taken` recorded. `--step forward` runs the forward
+`keras_attn._policy.observe_paths` recorded. `--step forward` runs the forward
 alone (to tell the forward's memory from the backward's).
 """
 
@@ -146,7 +146,7 @@ def worker(spec):
     import numpy as np
 
     import keras_attn
-    from keras_attn import _paths
+    from keras_attn._policy import observe_paths
 
     T, D = spec["length"], 256
     layer = keras_attn.MultiHeadAttention(num_heads=4, key_dim=64)
@@ -157,10 +157,11 @@ def worker(spec):
     base, base_now = _peak_gib(), _current_gib()
 
     start = time.perf_counter()
-    run()  # warm up: trace / compile
+    with observe_paths() as taken:
+        run()  # warm up: trace / compile
     warm_s = time.perf_counter() - start
     after_warm = _peak_gib()
-    paths = dict(_paths.paths_taken)
+    paths = dict(taken)
     start = time.perf_counter()
     values = run()
     step_s = time.perf_counter() - start

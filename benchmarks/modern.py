@@ -31,7 +31,7 @@ machine noise hits them alike; medians are reported. Memory: each
 (contender, step) also runs in a fresh process whose `resource.getrusage`
 high-water mark (peak RSS) after one warm-up and one timed call is
 reported, next to the baseline after imports and input creation, and the
-path that `keras_attn._paths.paths_taken` recorded.
+path that `keras_attn._policy.observe_paths` recorded.
 """
 
 import argparse
@@ -236,14 +236,14 @@ def _setup(spec):
 
 def time_worker(spec):
     """Every contender of `spec["names"]` for one step, timed in turn."""
-    from keras_attn import _paths
+    from keras_attn._policy import observe_paths
 
     runs, paths = {}, {}
     for name in spec["names"]:
-        _paths.paths_taken.clear()
-        runs[name], _ = _build(spec, name, spec["step"])
-        runs[name]()  # trace / compile (the memory process times a second call alone)
-        paths[name] = _paths_string(_paths.paths_taken)
+        with observe_paths() as taken:
+            runs[name], _ = _build(spec, name, spec["step"])
+            runs[name]()  # trace / compile (the memory process times a second call alone)
+        paths[name] = _paths_string(taken)
     times = {name: [] for name in runs}
     for _ in range(spec["repeats"]):
         for name, run in runs.items():
@@ -256,15 +256,16 @@ def time_worker(spec):
 
 def memory_worker(spec):
     """One contender and step in this fresh process: peak RSS, alone time, path."""
-    from keras_attn import _paths
+    from keras_attn._policy import observe_paths
 
     name, step = spec["names"][0], spec["step"]
-    run, extra = _build(spec, name, step)
-    base = _peak_gib()
-    start = time.perf_counter()
-    run()  # trace / compile
-    warm = time.perf_counter() - start
-    paths = _paths_string(_paths.paths_taken)
+    with observe_paths() as taken:
+        run, extra = _build(spec, name, step)
+        base = _peak_gib()
+        start = time.perf_counter()
+        run()  # trace / compile
+        warm = time.perf_counter() - start
+    paths = _paths_string(taken)
     start = time.perf_counter()
     run()
     alone = time.perf_counter() - start

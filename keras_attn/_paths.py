@@ -9,11 +9,9 @@ d_v head widths. Masks are bool, True = may attend; `bias` is additive.
   GPU), wrapped so that it has this package's mask semantics.
 - blockwise: the online-softmax loop in `_blockwise.py`.
 
-`select_implementation` holds the one rule that picks among them, and
-`paths_taken` counts the choices so that tests can observe which path ran.
+The rule that picks among them is `keras_attn._policy.select_implementation`.
 """
 
-import collections
 import functools
 import math
 
@@ -21,42 +19,21 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn import config
 from keras_attn._blockwise import blockwise_attention, group_size
+from keras_attn._policy import DECODE_EXPLICIT_BELOW, block_size_for
 from keras_attn._shapes import broadcast_lead, score_lead, softmax_dtype, static_shape, to_rank
 
 __all__ = [
-    "IMPLEMENTATIONS",
     "attend",
-    "block_size_for",
     "causal_mask",
-    "check_implementation",
     "combine_masks",
-    "device_kind",
     "empty_attention",
     "explicit_attention",
     "fused_attention",
     "fused_attention_bthd",
-    "paths_taken",
-    "select_implementation",
     "sliding_window_mask",
     "zero_unattended_keys",
 ]
-
-IMPLEMENTATIONS = ("auto", "fused", "blockwise", "explicit")
-
-# path name -> number of times it was chosen (at trace time under a compiler).
-paths_taken = collections.Counter()
-
-
-def check_implementation(implementation):
-    """`implementation` is one of `IMPLEMENTATIONS`, else a `ValueError`."""
-    if not isinstance(implementation, str) or implementation not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"`implementation` must be one of {IMPLEMENTATIONS}. "
-            f"Received: implementation={implementation!r}"
-        )
-    return implementation
 
 
 def combine_masks(*masks):
@@ -68,189 +45,6 @@ def combine_masks(*masks):
         mask = ops.cast(mask, "bool")
         combined = mask if combined is None else ops.logical_and(combined, mask)
     return combined
-
-
-def _known_scores(lead, T, S):
-    """`prod(lead) * T * S` over the dims known statically (an unknown dim counts as 1)."""
-    return math.prod(d for d in (*lead, T, S) if d is not None)
-
-
-# The measured part of the policy (benchmarks/crossover.py, benchmarks/README.md):
-# on a CPU the blockwise loop beats the fused kernel once one head's scores reach
-# these many elements, (causal or windowed, full), with at least 16 queries (with
-# fewer, as when decoding one or a few tokens over a long cache, the loop costs
-# more than it saves).
-# - JAX: from 32 x 32. Its CPU `dot_product_attention` materialises the logits and
-#   weights of every head and runs the softmax through memory; blockwise tiles stay
-#   in cache and causal attention skips the blocks above the diagonal (1.1-1.5x
-#   faster at T = 32-128, 2-5x from T = 256 up).
-# - TensorFlow: from 512 x 512 causal, 1024 x 1024 full. Its XLA-compiled
-#   einsum-softmax is as fast as the loop on shorter sequences; the loop's edge
-#   comes mostly from the causal blocks it skips.
-CPU_BLOCKWISE_MIN_SCORES = {"jax": (32 * 32, 32 * 32), "tensorflow": (512 * 512, 1024 * 1024)}
-CPU_BLOCKWISE_MIN_QUERIES = 16
-# The block length the blockwise path picks when none is set: the largest of
-# these whose tile of scores over the leading dims, `prod(lead) * block**2`,
-# stays within TILE_SCORES (4 MiB of float32, cache-sized), or half of it when
-# causal or windowed: there a loop wastes about half a block per row on the
-# diagonal, so smaller blocks pay off. Measured: B=1, H=4 runs best with 512
-# (256 causal), B=8, H=8 with 128, and 64 when causal over at most
-# MAX_SMALL_BLOCKS of them: MultiHeadAttention's JAX train step at T=256,
-# D=256 took 0.58-0.63x Keras's time with 64, 0.75-0.89x with 128; from
-# T=512 the loop over more, smaller blocks costs more than their smaller
-# triangle saves (forward 0.48 vs 0.37 of fused at T=512, 0.38 vs 0.28 at
-# T=1024), so blocks below 128 are used only on sequences of at most 4 of
-# them. A sequence that fits in ONE_BLOCK runs as a single block whatever
-# the budget: with no loop left, the compiler fuses the step (at T=128 the
-# train step took 0.83x Keras with one block, 0.94x with blocks of 64).
-BLOCK_SIZES = (512, 256, 128, 64)
-TILE_SCORES = 2**20
-ONE_BLOCK = 128
-MAX_SMALL_BLOCKS = 4
-
-
-@functools.cache
-def _default_device_kind():
-    """"cpu", "gpu" or "tpu": where Keras runs by default (JAX and TensorFlow)."""
-    try:
-        devices = keras.distribution.list_devices()
-    except (AttributeError, NotImplementedError, RuntimeError, ValueError):
-        return "cpu"  # NumPy; PyTorch reads the tensor's device instead
-    return devices[0].split(":")[0].lower() if devices else "cpu"
-
-
-def device_kind(tensor=None):
-    """"cpu", "gpu", "tpu" (or PyTorch's "cuda", "mps", ...) of a call.
-
-    PyTorch tensors carry their device (`tensor.device.type`); under JAX and
-    TensorFlow traced tensors don't, so the default device Keras places work
-    on decides (`keras.distribution.list_devices()`).
-    """
-    if keras.backend.backend() == "torch":
-        kind = getattr(getattr(tensor, "device", None), "type", None)
-        return "cpu" if kind is None else str(kind)
-    if keras.backend.backend() == "numpy":
-        return "cpu"
-    return _default_device_kind()
-
-
-def block_size_for(lead, T, S, banded=False):
-    """The blockwise block length for a call (a set size overrides the choice).
-
-    Args:
-        lead: the static leading dims of the scores (None where unknown,
-            counted as 1).
-        T, S: query and key lengths (the blockwise path clamps a block to
-            its sequence).
-        banded: causal or windowed attention, where blocks off the band are
-            skipped.
-    """
-    size = config.block_size_override()
-    if size is None:
-        budget = TILE_SCORES // 2 if banded else TILE_SCORES
-        per_block = _known_scores(lead, 1, 1)
-        size = next((b for b in BLOCK_SIZES if per_block * b * b <= budget), BLOCK_SIZES[-1])
-        longest = max(T or 1, S or 1)
-        if longest <= ONE_BLOCK:
-            size = ONE_BLOCK  # one block: clamped to the sequence by the blockwise path
-        elif size < ONE_BLOCK and longest > MAX_SMALL_BLOCKS * size:
-            size = ONE_BLOCK
-    return size
-
-
-def select_implementation(implementation, *, lead, T, S, has_mask, has_bias, is_causal,
-                          needs_weights, symbolic, has_window=False, has_soft_cap=False,
-                          device=None, cached=False):
-    """The path a call takes; the one place where `"auto"` is decided.
-
-    The policy of `"auto"`, in order:
-
-    1. Scores requested, attention dropout active, or symbolic inputs: explicit
-       (the only path that materialises the weights).
-    2. Unknown T or S: fused (explicit with a soft-cap): blockwise needs static
-       lengths.
-    3. Memory: when the scores of one call, `prod(lead) * T * S` (unknown dims
-       count as 1), exceed `config.blockwise_threshold()` (2**26 elements,
-       256 MiB of float32), blockwise; except on PyTorch without mask, bias,
-       window or soft-cap (and causal only when T == S), where SDPA's own
-       flash kernel is linear in memory already.
-    4. Speed, measured (benchmarks/crossover.py): on a CPU under JAX or
-       TensorFlow, blockwise once one head's scores `T * S` reach
-       `CPU_BLOCKWISE_MIN_SCORES` (32 x 32 on JAX; 512 x 512 causal and
-       1024 x 1024 full on TensorFlow) with at least `CPU_BLOCKWISE_MIN_QUERIES` (16) queries, the block
-       from `block_size_for`; everywhere else (PyTorch, whose CPU SDPA
-       kernel is faster than a loop of ops; NumPy; any GPU or TPU, where the
-       fused kernels are cuDNN/flash and no measurement here says otherwise)
-       fused, or explicit with a soft-cap (the fused kernel cannot cap).
-    5. Decoding: a call over a key/value cache with fewer than
-       `CPU_BLOCKWISE_MIN_QUERIES` queries runs explicit on a CPU (every
-       backend). Its mask is the cache's written-slots mask, built per
-       step; measured on the cached step of `benchmarks/decode.py` (one or
-       a few queries over 768 slots), the two matrix products beat the
-       fused kernel's mask handling by 10-30% on JAX, TensorFlow and
-       PyTorch alike.
-
-    A threshold set with `config.set_blockwise_threshold` replaces 3, 4 and 5
-    by its one rule (blockwise above it, fused at or below) on every backend.
-
-    Args:
-        implementation: the requested one (`"auto"` resolves here).
-        lead: static leading dims of the scores (batch, heads, ...), None where unknown.
-        T, S: static query and key lengths (None if unknown).
-        has_mask, has_bias, is_causal: what the call carries.
-        needs_weights: scores are requested, or attention dropout is active;
-            only the explicit path materialises the weights.
-        symbolic: the inputs are `KerasTensor`s (shape inference only).
-        has_window, has_soft_cap: a sliding window or a logit soft-cap is set.
-            The fused kernel cannot soft-cap, so `auto` routes around it.
-        device: `device_kind()` of the call; read when None.
-        cached: the call attends over a key/value cache (a decode step).
-    """
-    check_implementation(implementation)
-    if needs_weights or symbolic:
-        return _taken("explicit")
-    if implementation == "fused" and has_soft_cap:
-        raise ValueError(
-            "The fused kernel (`keras.ops.dot_product_attention`) cannot soft-cap the "
-            "logits; use implementation='auto', 'blockwise' or 'explicit'. "
-            f"Received: implementation={implementation!r} with a logit_soft_cap")
-    if implementation == "blockwise" and (T is None or S is None):
-        raise ValueError(
-            "`implementation='blockwise'` needs static query and key lengths. "
-            f"Received: implementation={implementation!r} with T={T}, S={S}"
-        )
-    if implementation != "auto":
-        return _taken(implementation)
-    not_blockwise = "explicit" if has_soft_cap else "fused"
-    if T is None or S is None:
-        return _taken(not_blockwise)
-    # An unknown batch dim (a `None` input signature, an export) counts as 1:
-    # the per-example score count alone decides, so a long sequence never
-    # falls back to the full score matrix just because the batch is symbolic.
-    if _known_scores(lead, T, S) > config.blockwise_threshold():
-        if (keras.backend.backend() == "torch" and not has_mask and not has_bias
-                and not has_window and not has_soft_cap and (not is_causal or T == S)):
-            # PyTorch's SDPA runs its own flash kernel here (no mask to
-            # materialise): linear memory already, and faster than a loop.
-            return _taken("fused")
-        return _taken("blockwise")
-    if config.threshold_override() is not None:
-        return _taken(not_blockwise)
-    device = device_kind() if device is None else device
-    min_scores = CPU_BLOCKWISE_MIN_SCORES.get(keras.backend.backend())
-    if min_scores is not None:
-        min_scores = min_scores[0] if (is_causal or has_window) else min_scores[1]
-    if (device == "cpu" and min_scores is not None and T * S >= min_scores
-            and T >= CPU_BLOCKWISE_MIN_QUERIES):
-        return _taken("blockwise")
-    if cached and device == "cpu" and T < CPU_BLOCKWISE_MIN_QUERIES:
-        return _taken("explicit")
-    return _taken(not_blockwise)
-
-
-def _taken(path):
-    paths_taken[path] += 1
-    return path
 
 
 # ----------------------------------------------------------------------------
@@ -374,7 +168,7 @@ def explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_
         *lead, H, T, _ = q_shape
         q = ops.reshape(q, (*lead, H // group, group * T, q_shape[-1]))  # (..., H_kv, G*T, d)
     rows = static_shape(q)[-2]
-    if rows is not None and rows < CPU_BLOCKWISE_MIN_QUERIES:
+    if rows is not None and rows < DECODE_EXPLICIT_BELOW:
         # Few query rows (a decode step): `k q^T` reads the keys in their own
         # layout; `q k^T` has the compiler transpose every key (S x d) first,
         # 2-3x slower on XLA's CPU backend at S = 768 (benchmarks/decode.py).

@@ -20,12 +20,8 @@ import keras
 from keras import ops
 
 from keras_attn import _paths
-from keras_attn._paths import (
-    check_implementation,
-    combine_masks,
-    device_kind,
-    select_implementation,
-)
+from keras_attn._paths import combine_masks
+from keras_attn._policy import check_implementation, device_kind, select_implementation
 from keras_attn._shapes import score_lead, static_shape
 from keras_attn._validation import (
     as_bool_mask,
@@ -218,7 +214,7 @@ def scaled_dot_product_attention(
             `keras_attn.config.set_attention_block_size`) whose memory grows
             linearly with the sequence length (forward and backward); it
             needs static `T` and `S`. `"auto"` follows a measured,
-            backend-aware policy (`keras_attn._paths.select_implementation`;
+            backend-aware policy (`keras_attn._policy.select_implementation`;
             README, Performance): blockwise when the scores would exceed
             `keras_attn.config.blockwise_threshold()` elements (on PyTorch,
             unmasked attention stays on SDPA's own flash kernel, which is
@@ -261,9 +257,9 @@ def scaled_dot_product_attention(
         scale = 1.0 / math.sqrt(static_shape(query)[-1])
     needs_weights = bool(return_attention_scores) or bool(training and dropout_rate > 0.0)
     path = select_implementation(
-        implementation, lead=score_lead(query, key), T=static_shape(query)[-2],
-        S=static_shape(key)[-2], has_mask=mask is not None, has_bias=bias is not None,
-        is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
+        implementation, backend=keras.backend.backend(), lead=score_lead(query, key),
+        T=static_shape(query)[-2], S=static_shape(key)[-2], has_mask=mask is not None,
+        has_bias=bias is not None, is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
         has_window=sliding_window is not None, has_soft_cap=logit_soft_cap is not None,
         device=device_kind(query))
     return _paths.attend(path, query, key, value, mask, bias, is_causal, scale, dropout_rate,

@@ -32,7 +32,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn._paths import paths_taken
+from keras_attn._policy import record_path
 from keras_attn._shapes import static_shape
 from keras_attn._validation import check_positive_int, concrete_value, dtype_of
 
@@ -205,11 +205,11 @@ def cached_positional_mask(T, max_length, start, new_length, is_causal, window):
         window: W or None: `0 <= p - j < W` (causal) or `|p - j| < W`.
 
     Built from `arange` comparisons (never Python control flow on `start`),
-    so one compiled step serves every `start`. Counted as the `"cached"`
-    entry of `keras_attn._paths.paths_taken`, so tests can observe that a
+    so one compiled step serves every `start`. Recorded as the `"cached"`
+    path (`keras_attn._policy.observe_paths`), so tests can observe that a
     call took the cached path.
     """
-    paths_taken["cached"] += 1
+    record_path("cached")
     slots = ops.expand_dims(ops.arange(max_length, dtype="int32"), 0)  # (1, S_max)
     rows = ops.expand_dims(ops.arange(T, dtype="int32"), 1)  # (T, 1)
     if start is None:

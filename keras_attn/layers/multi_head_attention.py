@@ -5,14 +5,8 @@ import math
 import keras
 from keras import ops
 
-from keras_attn._paths import (
-    attend,
-    check_implementation,
-    combine_masks,
-    device_kind,
-    fused_attention_bthd,
-    select_implementation,
-)
+from keras_attn._paths import attend, combine_masks, fused_attention_bthd
+from keras_attn._policy import check_implementation, device_kind, select_implementation
 from keras_attn._shapes import static_shape
 from keras_attn._validation import (
     as_bool_mask,
@@ -493,7 +487,7 @@ class MultiHeadAttention(keras.layers.Layer):
             symbolic=isinstance(query, keras.KerasTensor),
             has_window=window is not None,
             has_soft_cap=self.logit_soft_cap is not None, device=device_kind(query),
-            cached=cache is not None)
+            cached=cache is not None, backend=keras.backend.backend())
 
         # A traced index cannot be range-checked now: an out-of-range one gives NaN.
         in_range = None
