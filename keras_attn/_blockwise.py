@@ -45,6 +45,7 @@ gradients.
 import keras
 from keras import ops
 
+from keras_attn._masks import and_masks, may_attend
 from keras_attn._shapes import (
     broadcast_lead,
     pad_axis,
@@ -71,10 +72,9 @@ class _Blocks:
 
     Rows are query positions, each repeated `group` times when grouped heads
     share a key/value head (row r is position r // group; see
-    `blockwise_attention`). Query position p may see key j when causal:
-    `j <= p + offset`; with a window W also `p + offset - j < W` (causal) or
-    `|p + offset - j| < W` (not causal), where `offset = S - T` aligns the
-    queries to the bottom-right.
+    `blockwise_attention`). Row r's query sits at absolute position
+    `r // group + offset`, `offset = S - T` (bottom-right), and which keys it
+    may see is `keras_attn._masks.may_attend`, evaluated one block at a time.
     """
 
     def __init__(self, rows, S, block_size, is_causal, lead, group=1, window=None,
@@ -144,21 +144,14 @@ class _Blocks:
         positional = self.is_causal or self.window is not None
         if positional or self.Sp != self.S:
             cols = j * self.bk + ops.arange(self.bk, dtype="int32")[None, :]  # (1, bk)
+            positions = None
             if positional:
                 rows = i * self.bq + ops.arange(self.bq, dtype="int32")[:, None]  # (bq, 1)
-                distance = self._position(rows) + self.offset - cols  # (bq, bk)
-                if self.is_causal:
-                    allowed = ops.greater_equal(distance, 0)
-                if self.window is not None:
-                    reach = distance if self.is_causal else ops.abs(distance)
-                    near = ops.less(reach, self.window)
-                    allowed = near if allowed is None else ops.logical_and(allowed, near)
-            if self.Sp != self.S:
-                valid = ops.less(cols, self.S)  # padded keys
-                allowed = valid if allowed is None else ops.logical_and(allowed, valid)
+                positions = self._position(rows) + self.offset  # absolute query positions
+            allowed = may_attend(positions, cols, self.is_causal, self.window,
+                                 key_end=self.S if self.Sp != self.S else None)  # padded keys
         if mask is not None:
-            tile = ops.greater(self.tile(mask, i, j), 0)
-            allowed = tile if allowed is None else ops.logical_and(allowed, tile)
+            allowed = and_masks(allowed, ops.greater(self.tile(mask, i, j), 0))
         return allowed
 
     def logits(self, q_i, k_j, bias, mask, i, j, scale):

@@ -20,31 +20,18 @@ import numpy as np
 from keras import ops
 
 from keras_attn._blockwise import blockwise_attention, group_size
+from keras_attn._masks import combine_masks, positional_mask
 from keras_attn._policy import DECODE_EXPLICIT_BELOW, block_size_for
 from keras_attn._shapes import broadcast_lead, score_lead, softmax_dtype, static_shape, to_rank
 
 __all__ = [
     "attend",
-    "causal_mask",
-    "combine_masks",
     "empty_attention",
     "explicit_attention",
     "fused_attention",
     "fused_attention_bthd",
-    "sliding_window_mask",
     "zero_unattended_keys",
 ]
-
-
-def combine_masks(*masks):
-    """Logical AND of boolean masks, with broadcasting; `None`s are ignored."""
-    combined = None
-    for mask in masks:
-        if mask is None:
-            continue
-        mask = ops.cast(mask, "bool")
-        combined = mask if combined is None else ops.logical_and(combined, mask)
-    return combined
 
 
 # ----------------------------------------------------------------------------
@@ -95,39 +82,6 @@ def empty_attention(query, key, value, return_attention_scores=False):
     if return_attention_scores:
         return output, ops.cast(weights, value.dtype)
     return output
-
-
-def _distance(T, S):
-    """`(T, S)` int32: query i's absolute position `i + (S - T)` minus key j's."""
-    rows = ops.expand_dims(ops.arange(T, dtype="int32"), 1)  # (T, 1)
-    cols = ops.expand_dims(ops.arange(S, dtype="int32"), 0)  # (1, S)
-    # `S - T` stays a (symbolic) scalar: casting a dim to a tensor would
-    # specialise it to its traced value under torch.export.
-    return rows + (S - T) - cols
-
-
-def causal_mask(T, S):
-    """Bottom-right aligned causal mask `(T, S)`: key j <= query i + (S - T)."""
-    return ops.greater_equal(_distance(T, S), 0)
-
-
-def sliding_window_mask(T, S, window, is_causal=True):
-    """`(T, S)`: key j within W of query position p = i + (S - T).
-
-    Causal: `0 <= p - j < W` (W keys, the query's own included); not causal:
-    `|p - j| < W`.
-    """
-    distance = _distance(T, S)
-    if is_causal:
-        return ops.logical_and(ops.greater_equal(distance, 0), ops.less(distance, window))
-    return ops.less(ops.abs(distance), window)
-
-
-def positional_mask(T, S, is_causal, window):
-    """The causal and/or sliding-window mask `(T, S)`, or None."""
-    if window is not None:
-        return sliding_window_mask(T, S, window, is_causal)
-    return causal_mask(T, S) if is_causal else None
 
 
 def _masked_softmax(logits, allowed):

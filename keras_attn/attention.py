@@ -20,7 +20,7 @@ import keras
 from keras import ops
 
 from keras_attn import _paths
-from keras_attn._paths import combine_masks
+from keras_attn._masks import combine_masks, positional_mask
 from keras_attn._policy import check_implementation, device_kind, select_implementation
 from keras_attn._shapes import score_lead, static_shape
 from keras_attn._validation import (
@@ -55,7 +55,7 @@ def causal_mask(query_length, key_length):
     Returns:
         A bool tensor of shape `(T, S)`.
     """
-    return _paths.causal_mask(query_length, key_length)  # (T, S)
+    return positional_mask(query_length, key_length, is_causal=True)  # (T, S)
 
 
 def sliding_window_mask(query_length, key_length, window, is_causal=True):
@@ -73,7 +73,7 @@ def sliding_window_mask(query_length, key_length, window, is_causal=True):
         A bool tensor of shape `(T, S)`.
     """
     check_positive_int("window", window)
-    return _paths.sliding_window_mask(query_length, key_length, window, is_causal)  # (T, S)
+    return positional_mask(query_length, key_length, is_causal, window)  # (T, S)
 
 
 def padding_mask(lengths, max_length):
