@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import keras_attn
-from keras_attn._blockwise import _Blocks
+from keras_attn._kernels.blockwise import _Blocks
 from keras_attn._masks import may_attend, positional_mask
 from keras_attn.cache import cached_positional_mask
 

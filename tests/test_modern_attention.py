@@ -10,7 +10,7 @@ import pytest
 
 import keras_attn
 from keras_attn import _device, config
-from keras_attn._blockwise import _Blocks
+from keras_attn._kernels.blockwise import _Blocks
 from keras_attn._policy import observe_paths
 
 from . import reference

@@ -5,7 +5,6 @@ import math
 import keras
 from keras import ops
 
-from keras_attn._paths import attend, combine_masks, fused_attention_bthd
 from keras_attn._policy import check_implementation, device_kind, select_implementation
 from keras_attn._shapes import static_shape
 from keras_attn._validation import (
@@ -17,6 +16,7 @@ from keras_attn._validation import (
     check_positive_int,
     check_rank,
 )
+from keras_attn.attention import attend, combine_masks, fused_attention_bthd
 from keras_attn.cache import (
     cached_positional_mask,
     check_cache,

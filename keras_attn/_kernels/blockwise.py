@@ -45,6 +45,7 @@ gradients.
 import keras
 from keras import ops
 
+from keras_attn._kernels.common import group_size
 from keras_attn._masks import and_masks, may_attend
 from keras_attn._shapes import (
     broadcast_lead,
@@ -55,7 +56,7 @@ from keras_attn._shapes import (
     to_rank,
 )
 
-__all__ = ["blockwise_attention", "group_size"]
+__all__ = ["blockwise_attention"]
 
 _NEG_INF = float("-inf")
 
@@ -418,15 +419,6 @@ def _dims(x, stop):
     """The dims of `x` before axis `stop`: ints where static, scalar tensors where not."""
     shape = ops.shape(x)
     return [d if isinstance(d, int) else shape[i] for i, d in enumerate(static_shape(x)[:stop])]
-
-
-def group_size(query, key):
-    """G = H / H_kv when `key` has fewer heads (axis -3) than `query`, else 1."""
-    q, k = static_shape(query), static_shape(key)
-    # One key/value head (multi-query, or a key broadcast over the heads) is a group of H.
-    if len(q) < 3 or len(k) < 3 or None in (q[-3], k[-3]) or not 1 <= k[-3] < q[-3]:
-        return 1
-    return q[-3] // k[-3]
 
 
 def _rows_by_position(x, group, T):
