@@ -447,6 +447,16 @@ def _heads_from_rows(x, group, T):
     return ops.reshape(x, lead + [kv_heads * group, T, width])
 
 
+def _pad_to_blocks(x, rank, g):
+    """A mask or bias `(..., rows|1, S|1)` padded to `(..., Tp|1, Sp|1)`."""
+    x = to_rank(x, rank)
+    if x.shape[-2] != 1:
+        x = pad_axis(x, -2, g.Tp - g.T)
+    if x.shape[-1] != 1:
+        x = pad_axis(x, -1, g.Sp - g.S)
+    return x
+
+
 def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False,
                         scale=1.0, block_size=512, sliding_window=None, logit_soft_cap=None):
     """Memory-efficient attention over `(..., T, d)` tensors (see the module doc).
@@ -492,19 +502,10 @@ def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False
     q = pad_axis(q, -2, g.Tp - rows)
     k = pad_axis(k, -2, g.Sp - S)
     v = pad_axis(v, -2, g.Sp - S)
-    if mask is not None:
-        mask = to_rank(mask, rank)
-        if mask.shape[-2] != 1:
-            mask = pad_axis(mask, -2, g.Tp - rows)
-        if mask.shape[-1] != 1:
-            mask = pad_axis(mask, -1, g.Sp - S)
+    mask = None if mask is None else _pad_to_blocks(mask, rank, g)
     args = [q, k, v]
     if bias is not None:
-        bias = to_rank(bias, rank)
-        if bias.shape[-2] != 1:
-            bias = pad_axis(bias, -2, g.Tp - rows)
-        if bias.shape[-1] != 1:
-            bias = pad_axis(bias, -1, g.Sp - S)
+        bias = _pad_to_blocks(bias, rank, g)
         args.append(bias)
 
     out = _attention_fn(mask, g, scale, bias is not None)(*args)
