@@ -133,16 +133,16 @@ class BlockRule:
 
 # The block length the blockwise path picks when none is set: the largest of
 # these whose tile of scores over the leading dims, `prod(lead) * block**2`,
-# stays within TILE_SCORES (4 MiB of float32, cache-sized), or half of it when
+# stays within `tile_scores` (4 MiB of float32, cache-sized), or half of it when
 # causal or windowed: there a loop wastes about half a block per row on the
 # diagonal, so smaller blocks pay off. Measured: B=1, H=4 runs best with 512
 # (256 causal), B=8, H=8 with 128, and 64 when causal over at most
-# MAX_SMALL_BLOCKS of them: MultiHeadAttention's JAX train step at T=256,
+# `max_small_blocks` of them: MultiHeadAttention's JAX train step at T=256,
 # D=256 took 0.58-0.63x Keras's time with 64, 0.75-0.89x with 128; from
 # T=512 the loop over more, smaller blocks costs more than their smaller
 # triangle saves (forward 0.48 vs 0.37 of fused at T=512, 0.38 vs 0.28 at
 # T=1024), so blocks below 128 are used only on sequences of at most 4 of
-# them. A sequence that fits in ONE_BLOCK runs as a single block whatever
+# them. A sequence that fits in `one_block` runs as a single block whatever
 # the budget: with no loop left, the compiler fuses the step (at T=128 the
 # train step took 0.83x Keras with one block, 0.94x with blocks of 64).
 # One rule on every backend (measured on JAX's CPU, where blockwise runs most).
