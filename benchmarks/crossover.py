@@ -15,7 +15,7 @@ contenders are:
   (N in `--block-sizes`, clamped to the sequence; clamped duplicates run once);
 - `explicit`: `implementation="explicit"` (materialised weights);
 - `auto`: `implementation="auto"` under the current policy, with the path it
-  took (`keras_attn._paths.paths_taken`).
+  took (`keras_attn._policy.observe_paths`).
 
 Steps: `forward`, and `train` = forward + gradients of `mean(out**2)` with
 respect to q, k and v. Execution is compiled as users train: `jax.jit` on
@@ -87,7 +87,8 @@ def time_worker(spec):
     from keras import ops
 
     from benchmarks.modern import _core_fn
-    from keras_attn import _paths, config
+    from keras_attn import config
+    from keras_attn._policy import observe_paths
 
     backend = keras.backend.backend()
     B, H, d, T, S = (spec[n] for n in ("B", "H", "d", "T", "S"))
@@ -106,9 +107,9 @@ def time_worker(spec):
             config.set_attention_block_size(block)
             return fn()
 
-        _paths.paths_taken.clear()
-        run()  # trace / compile
-        paths[name] = "+".join(sorted(_paths.paths_taken)) or "-"
+        with observe_paths() as taken:
+            run()  # trace / compile
+        paths[name] = "+".join(sorted(taken)) or "-"
         runs[name] = run
     config.set_attention_block_size(None)
     # Rounds: at least `repeats`, more (up to 60) while a round is short, so that
@@ -182,9 +183,9 @@ def auto_twin(r):
         return path
     if path != "blockwise":
         return None
-    from keras_attn import _paths
+    from keras_attn._policy import block_size_for
 
-    block = min(_paths.block_size_for((r["B"], r["H"]), r["T"], r["S"], r["causal"]),
+    block = min(block_size_for((r["B"], r["H"]), r["T"], r["S"], r["causal"]),
                 max(r["T"], r["S"]))
     return f"block-{block}" if f"block-{block}" in r["median_s"] else None
 

@@ -26,7 +26,7 @@ Modes:
 Reported: the RSS high-water mark (`resource.getrusage` `ru_maxrss`) after
 imports + build (baseline), after the warm-up step, and after the measured
 step (peak); the delta peak - baseline; wall times; and which attention path
-`keras_attn._paths.paths_taken` recorded. `--step forward` runs the forward
+`keras_attn._policy.observe_paths` recorded. `--step forward` runs the forward
 alone (to tell the forward's memory from the backward's).
 """
 
@@ -131,7 +131,7 @@ def worker(spec):
     import numpy as np
 
     import keras_attn
-    from keras_attn import _paths
+    from keras_attn._policy import observe_paths
 
     T, D = spec["length"], 256
     layer = keras_attn.MultiHeadAttention(num_heads=4, key_dim=64)
@@ -141,9 +141,10 @@ def worker(spec):
     run = make[keras.backend.backend()](layer, x, spec["mode"], spec["causal"], spec["step"])
     base, base_now = common.peak_rss_gib(), common.current_rss_gib()
 
-    warm_s = common.timed(run)  # warm up: trace / compile
+    with observe_paths() as taken:
+        warm_s = common.timed(run)  # warm up: trace / compile
     after_warm = common.peak_rss_gib()
-    paths = dict(_paths.paths_taken)
+    paths = dict(taken)
     start = time.perf_counter()
     values = run()
     step_s = time.perf_counter() - start

@@ -31,7 +31,7 @@ machine noise hits them alike; medians are reported. Memory: each
 (contender, step) also runs in a fresh process whose `resource.getrusage`
 high-water mark (peak RSS) after one warm-up and one timed call is
 reported, next to the baseline after imports and input creation, and the
-path that `keras_attn._paths.paths_taken` recorded.
+path that `keras_attn._policy.observe_paths` recorded.
 """
 
 import argparse
@@ -227,27 +227,28 @@ def _setup(spec):
 
 def time_worker(spec):
     """Every contender of `spec["names"]` for one step, timed in turn."""
-    from keras_attn import _paths
+    from keras_attn._policy import observe_paths
 
     runs, paths = {}, {}
     for name in spec["names"]:
-        _paths.paths_taken.clear()
-        runs[name], _ = _build(spec, name, spec["step"])
-        runs[name]()  # trace / compile (the memory process times a second call alone)
-        paths[name] = _paths_string(_paths.paths_taken)
+        with observe_paths() as taken:
+            runs[name], _ = _build(spec, name, spec["step"])
+            runs[name]()  # trace / compile (the memory process times a second call alone)
+        paths[name] = _paths_string(taken)
     times = common.interleaved(runs, spec["repeats"])
     return {"median_s": common.medians(times), "times_s": times, "paths": paths}
 
 
 def memory_worker(spec):
     """One contender and step in this fresh process: peak RSS, alone time, path."""
-    from keras_attn import _paths
+    from keras_attn._policy import observe_paths
 
     name, step = spec["names"][0], spec["step"]
-    run, extra = _build(spec, name, step)
-    base = common.peak_rss_gib()
-    warm = common.timed(run)  # trace / compile
-    paths = _paths_string(_paths.paths_taken)
+    with observe_paths() as taken:
+        run, extra = _build(spec, name, step)
+        base = common.peak_rss_gib()
+        warm = common.timed(run)  # trace / compile
+    paths = _paths_string(taken)
     alone = common.timed(run)
     peak = common.peak_rss_gib()
     return {"rss_base_gib": base, "rss_peak_gib": peak, "delta_gib": peak - base,

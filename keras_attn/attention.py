@@ -9,9 +9,13 @@ Notation used throughout the package:
     d_v  width of a value per head
 
 Masks are bool (or integer: nonzero = may attend) and follow the Keras
-convention: True = may attend. Additive float masks are `bias`. The
-implementations and the rule that picks one live in `_paths.py` and
-`_blockwise.py`.
+convention: True = may attend. Additive float masks are `bias`.
+
+This module is the door to the kernels (`keras_attn._kernels`: explicit,
+fused, blockwise): the layers call `attend` (or, in the `(B, T, H, d)`
+layout, `fused_attention_bthd`) with the path that
+`keras_attn._policy.select_implementation` chose. The positional masks come
+from `keras_attn._masks`.
 """
 
 import math
@@ -19,14 +23,18 @@ import math
 import keras
 from keras import ops
 
-from keras_attn import _paths
-from keras_attn._paths import (
+from keras_attn._kernels.blockwise import blockwise_attention
+from keras_attn._kernels.common import empty_attention, group_size, zero_unattended_keys
+from keras_attn._kernels.explicit import explicit_attention
+from keras_attn._kernels.fused import fused_attention, fused_attention_bthd
+from keras_attn._masks import combine_masks, positional_mask
+from keras_attn._policy import (
+    block_size_for,
     check_implementation,
-    combine_masks,
     device_kind,
     select_implementation,
 )
-from keras_attn._shapes import score_lead, static_shape
+from keras_attn._shapes import broadcast_lead, score_lead, static_shape
 from keras_attn._validation import (
     as_bool_mask,
     check_broadcastable,
@@ -37,8 +45,10 @@ from keras_attn._validation import (
 )
 
 __all__ = [
+    "attend",
     "causal_mask",
     "combine_masks",
+    "fused_attention_bthd",
     "padding_mask",
     "scaled_dot_product_attention",
     "sliding_window_mask",
@@ -59,7 +69,7 @@ def causal_mask(query_length, key_length):
     Returns:
         A bool tensor of shape `(T, S)`.
     """
-    return _paths.causal_mask(query_length, key_length)  # (T, S)
+    return positional_mask(query_length, key_length, is_causal=True)  # (T, S)
 
 
 def sliding_window_mask(query_length, key_length, window, is_causal=True):
@@ -77,7 +87,7 @@ def sliding_window_mask(query_length, key_length, window, is_causal=True):
         A bool tensor of shape `(T, S)`.
     """
     check_positive_int("window", window)
-    return _paths.sliding_window_mask(query_length, key_length, window, is_causal)  # (T, S)
+    return positional_mask(query_length, key_length, is_causal, window)  # (T, S)
 
 
 def padding_mask(lengths, max_length):
@@ -218,7 +228,7 @@ def scaled_dot_product_attention(
             `keras_attn.config.set_attention_block_size`) whose memory grows
             linearly with the sequence length (forward and backward); it
             needs static `T` and `S`. `"auto"` follows a measured,
-            backend-aware policy (`keras_attn._paths.select_implementation`;
+            backend-aware policy (`keras_attn._policy.select_implementation`;
             README, Performance): blockwise when the scores would exceed
             `keras_attn.config.blockwise_threshold()` elements (on PyTorch,
             unmasked attention stays on SDPA's own flash kernel, which is
@@ -261,10 +271,45 @@ def scaled_dot_product_attention(
         scale = 1.0 / math.sqrt(static_shape(query)[-1])
     needs_weights = bool(return_attention_scores) or bool(training and dropout_rate > 0.0)
     path = select_implementation(
-        implementation, lead=score_lead(query, key), T=static_shape(query)[-2],
-        S=static_shape(key)[-2], has_mask=mask is not None, has_bias=bias is not None,
-        is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
+        implementation, backend=keras.backend.backend(), lead=score_lead(query, key),
+        T=static_shape(query)[-2], S=static_shape(key)[-2], has_mask=mask is not None,
+        has_bias=bias is not None, is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
         has_window=sliding_window is not None, has_soft_cap=logit_soft_cap is not None,
         device=device_kind(query))
-    return _paths.attend(path, query, key, value, mask, bias, is_causal, scale, dropout_rate,
-                         seed, training, return_attention_scores, sliding_window, logit_soft_cap)
+    return attend(path, query, key, value, mask, bias, is_causal, scale, dropout_rate,
+                  seed, training, return_attention_scores, sliding_window, logit_soft_cap)
+
+
+def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale=1.0,
+           dropout_rate=0.0, seed=None, training=False, return_attention_scores=False,
+           window=None, soft_cap=None):
+    """Run the chosen `path` on `(..., L, d)` tensors (already validated).
+
+    `mask` is bool or None. Key/value may have fewer heads (axis -3) than the
+    query (grouped heads). Empty sequences (`T == 0` or `S == 0`) are
+    answered here, whatever the path.
+    """
+    group = group_size(query, key)
+    T, S = static_shape(query)[-2], static_shape(key)[-2]
+    if group > 1 and (path == "fused" or 0 in (T, S)):  # the others zero dead keys first
+        key, value = (ops.repeat(x, group, axis=-3) for x in (key, value))
+        group = 1
+    if 0 in (T, S):
+        return empty_attention(query, key, value, return_attention_scores)
+    if path == "fused":
+        (query, key, value), lead = broadcast_lead([query, key, value])
+        return fused_attention(query, key, value, mask, bias, is_causal, scale, lead, window)
+    allowed = mask
+    if bias is not None:
+        allowed = combine_masks(mask, ops.greater(bias, float("-inf")))
+    # Zeroed over the H_kv heads: blockwise and explicit group the query
+    # heads without repeating the keys and values.
+    key, value = zero_unattended_keys(key, value, allowed, key_axis=-2, group=group)
+    if path == "blockwise":
+        return blockwise_attention(query, key, value, mask=mask, bias=bias,
+                                   is_causal=is_causal, scale=scale,
+                                   block_size=block_size_for(score_lead(query, key), T, S,
+                                                             is_causal or window is not None),
+                                   sliding_window=window, logit_soft_cap=soft_cap)
+    return explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_rate,
+                              seed, training, return_attention_scores, window, soft_cap)

@@ -32,7 +32,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn._paths import paths_taken
+from keras_attn._masks import positional_mask
+from keras_attn._policy import record_path
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Tensor
 from keras_attn._validation import check_positive_int, concrete_value, dtype_of
@@ -301,34 +302,19 @@ def cached_positional_mask(T, max_length, start, new_length, is_causal, window):
         window: W or None: `0 <= p - j < W` (causal) or `|p - j| < W`.
 
     Built from `arange` comparisons (never Python control flow on `start`),
-    so one compiled step serves every `start`. Counted as the `"cached"`
-    entry of `keras_attn._paths.paths_taken`, so tests can observe that a
+    so one compiled step serves every `start`. Recorded as the `"cached"`
+    path (`keras_attn._policy.observe_paths`), so tests can observe that a
     call took the cached path.
     """
-    paths_taken["cached"] += 1
-    slots = ops.expand_dims(ops.arange(max_length, dtype="int32"), 0)  # (1, S_max)
-    rows = ops.expand_dims(ops.arange(T, dtype="int32"), 1)  # (T, 1)
-    if start is None:
-        written, first = None, max_length - T
+    record_path("cached")
+    if start is None:  # every slot written: the queries are the last T positions
+        allowed = positional_mask(T, max_length, is_causal, window)
     else:
         end = start + new_length  # one past the last written slot
-        written = ops.less(slots, end)  # (1, S_max)
-        first = end - T
-    position = rows + first  # (T, 1): absolute position of each query
-    # Self-attention (S_new == T) under the causal mask: `j <= position`
-    # already excludes every unwritten slot (the last query sits at end - 1).
-    allowed = None if (is_causal and new_length == T) else written
-    if is_causal:
-        allowed = _and(allowed, ops.less_equal(slots, position))
-    if window is not None:
-        distance = position - slots  # (T, S_max)
-        near = (ops.less(distance, window) if is_causal
-                else ops.less(ops.abs(distance), window))
-        allowed = _and(allowed, near)
+        # Self-attention (S_new == T) under the causal mask: `j <= p` already
+        # excludes every unwritten slot (the last query sits at end - 1).
+        written = None if (is_causal and new_length == T) else end
+        allowed = positional_mask(T, end, is_causal, window, slots=max_length, key_end=written)
     if allowed is None:
         return None
     return ops.broadcast_to(allowed, (T, max_length))
-
-
-def _and(a, b):
-    return b if a is None else ops.logical_and(a, b)

@@ -2,8 +2,8 @@
 
 `implementation="auto"` (the default of `scaled_dot_product_attention` and
 `MultiHeadAttention`) follows a measured, backend-aware policy written out in
-`keras_attn._paths.select_implementation` (and in the README's Performance
-section): blockwise when the scores of one call would exceed
+`keras_attn._policy` (the table `POLICY`, read by `select_implementation`)
+and in the README's Performance section: blockwise when the scores of one call would exceed
 `DEFAULT_BLOCKWISE_THRESHOLD` elements, and below that the faster path on
 the backend and device (on a CPU, blockwise from 32 x 32 scores per head
 under JAX and 512 x 512 causal / 1024 x 1024 full under TensorFlow, with
@@ -45,7 +45,7 @@ DEFAULT_BLOCK_SIZE = 512
 # hold a few tensors of that size (logits, weights, and their gradients).
 DEFAULT_BLOCKWISE_THRESHOLD = 2**26
 
-# None = not set: `auto` follows the measured policy in `_paths.select_implementation`
+# None = not set: `auto` follows the measured policy in `_policy.POLICY`
 # (and the blockwise path picks its block size from the shape); a set value overrides it.
 _settings = {
     "block_size": None,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import keras_attn
-from keras_attn import _paths
+from keras_attn._policy import device_kind, observe_paths
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from . import reference
@@ -116,11 +116,11 @@ def test_cached_path_is_observed_on_every_implementation(implementation):
     x = randn(rng(7), B, T, D)
     layer = _mha(seed=8, num_key_value_heads=2, implementation=implementation)
     full = to_numpy(layer(x, use_causal_mask=True))
-    _paths.paths_taken.clear()
-    _, cache = layer(x[:, :3], cache=layer.empty_cache(B, S_MAX), cache_update_index=0,
-                     use_causal_mask=True)
-    out, _ = layer(x[:, 3:4], cache=cache, cache_update_index=3, use_causal_mask=True)
-    assert dict(_paths.paths_taken) == {"cached": 2, implementation: 2}
+    with observe_paths() as taken:
+        _, cache = layer(x[:, :3], cache=layer.empty_cache(B, S_MAX), cache_update_index=0,
+                         use_causal_mask=True)
+        out, _ = layer(x[:, 3:4], cache=cache, cache_update_index=3, use_causal_mask=True)
+    assert taken == {"cached": 2, implementation: 2}
     assert_close(out, full[:, 3:4], what=implementation, against=UNCACHED)
 
 
@@ -131,10 +131,10 @@ def test_auto_decodes_on_the_explicit_path_on_cpus():
     full = to_numpy(layer(x, use_causal_mask=True))
     _, cache = layer(x[:, :3], cache=layer.empty_cache(B, S_MAX), cache_update_index=0,
                      use_causal_mask=True)
-    _paths.paths_taken.clear()
-    out, _ = layer(x[:, 3:4], cache=cache, cache_update_index=3, use_causal_mask=True)
-    cpu = _paths.device_kind(keras.ops.convert_to_tensor(x)) == "cpu"
-    assert dict(_paths.paths_taken) == {"cached": 1, "explicit" if cpu else "fused": 1}
+    with observe_paths() as taken:
+        out, _ = layer(x[:, 3:4], cache=cache, cache_update_index=3, use_causal_mask=True)
+    cpu = device_kind(keras.ops.convert_to_tensor(x)) == "cpu"
+    assert taken == {"cached": 1, "explicit" if cpu else "fused": 1}
     assert_close(out, full[:, 3:4], what="auto", against=UNCACHED)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import keras_attn
 from keras_attn import _device, config
-from keras_attn._paths import select_implementation
+from keras_attn._policy import select_implementation
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from . import reference
@@ -220,8 +220,8 @@ def test_gradients_match_reference(path, T, S, with_bias):
 
 
 def _select(implementation="auto", T=128, S=128, lead=(8, 8), **kw):
-    args = dict(has_mask=False, has_bias=False, is_causal=True, needs_weights=False,
-                symbolic=False)
+    args = dict(backend=keras.backend.backend(), has_mask=False, has_bias=False,
+                is_causal=True, needs_weights=False, symbolic=False)
     args.update(kw)
     return select_implementation(implementation, lead=lead, T=T, S=S, **args)
 

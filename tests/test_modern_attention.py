@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import keras_attn
-from keras_attn import _device, _paths, config
-from keras_attn._blockwise import _Blocks
+from keras_attn import _device, config
+from keras_attn._kernels.blockwise import _Blocks
+from keras_attn._policy import observe_paths
 
 from . import reference
 from .helpers import assert_close, randn, rng
@@ -22,7 +23,6 @@ PATHS = ["explicit", "fused", "blockwise"]
 @pytest.fixture(autouse=True)
 def _small_blocks():
     config.set_attention_block_size(4)
-    _paths.paths_taken.clear()
     yield
     config.set_attention_block_size(None)  # back to the policy's own choices
     config.set_blockwise_threshold(None)
@@ -119,14 +119,15 @@ def test_gradients_match_reference(path, spec):
 
 def test_auto_routes_soft_cap_around_the_fused_kernel():
     g, q, k, v = _problem(5, 6, 6)
-    sdpa(q, k, v, logit_soft_cap=2.0)
-    assert dict(_paths.paths_taken) == {"explicit": 1}
-    config.set_blockwise_threshold(16)
-    sdpa(q, k, v, logit_soft_cap=2.0)
-    assert dict(_paths.paths_taken) == {"explicit": 1, "blockwise": 1}
-    config.set_blockwise_threshold(16)
-    sdpa(q, k, v, sliding_window=2)  # a window is a mask: blockwise even on torch
-    assert _paths.paths_taken["blockwise"] == 2
+    with observe_paths() as taken:
+        sdpa(q, k, v, logit_soft_cap=2.0)
+        assert taken == {"explicit": 1}
+        config.set_blockwise_threshold(16)
+        sdpa(q, k, v, logit_soft_cap=2.0)
+        assert taken == {"explicit": 1, "blockwise": 1}
+        config.set_blockwise_threshold(16)
+        sdpa(q, k, v, sliding_window=2)  # a window is a mask: blockwise even on torch
+    assert taken["blockwise"] == 2
 
 
 def test_blockwise_skips_blocks_outside_the_window():

@@ -1,7 +1,8 @@
 """Tests that observe which path ran, and blockwise in the places users train.
 
-`keras_attn._paths.paths_taken` counts every choice of path (at trace time
-under a compiler), so a test can tell that `auto` really went blockwise.
+`keras_attn._policy.observe_paths()` counts every choice of path made inside it
+(at trace time under a compiler), so a test can tell that `auto` really went
+blockwise.
 """
 
 import keras
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 
 import keras_attn
-from keras_attn import _device, _paths, config
+from keras_attn import _device, config
+from keras_attn._policy import block_size_for, device_kind, observe_paths, select_implementation
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from . import reference
@@ -22,14 +24,9 @@ BACKEND = keras.backend.backend()
 @pytest.fixture(autouse=True)
 def _small_blocks():
     config.set_attention_block_size(4)
-    _paths.paths_taken.clear()
     yield
     config.set_attention_block_size(None)  # back to the policy's own choices
     config.set_blockwise_threshold(None)
-
-
-def _taken():
-    return dict(_paths.paths_taken)
 
 
 # ----------------------------------------------------------------------------
@@ -41,19 +38,20 @@ def test_auto_goes_blockwise_and_the_spy_sees_it():
     g = rng(0)
     q, k, v = randn(g, 2, 2, 9, 4), randn(g, 2, 2, 9, 4), randn(g, 2, 2, 9, 3)
     mask = g.random((2, 1, 9, 9)) > 0.3
-    out = sdpa(q, k, v, mask=mask)
-    assert _taken() == {"blockwise": 1}
-    expected, _ = reference.scaled_dot_product_attention(q, k, v, mask=mask)
-    assert_close(out, expected)
-    sdpa(q[:1, :1], k[:1, :1], v[:1, :1], mask=mask[:1])
-    assert _taken() == {"blockwise": 1, "fused": 1}
+    with observe_paths() as taken:
+        out = sdpa(q, k, v, mask=mask)
+        assert taken == {"blockwise": 1}
+        expected, _ = reference.scaled_dot_product_attention(q, k, v, mask=mask)
+        assert_close(out, expected)
+        sdpa(q[:1, :1], k[:1, :1], v[:1, :1], mask=mask[:1])
+    assert taken == {"blockwise": 1, "fused": 1}
 
 
 def test_unknown_batch_counts_as_one():
     config.set_blockwise_threshold(4 * 64 * 64)
-    select = _paths.select_implementation
-    kw = dict(has_mask=False, has_bias=False, is_causal=True, needs_weights=False,
-              symbolic=False)
+    select = select_implementation
+    kw = dict(backend=BACKEND, has_mask=False, has_bias=False, is_causal=True,
+              needs_weights=False, symbolic=False)
     assert select("auto", lead=(None, 4), T=64, S=64, **kw) == "fused"
     torch_flash = "fused" if BACKEND == "torch" else "blockwise"
     assert select("auto", lead=(None, 4), T=65, S=65, **kw) == torch_flash
@@ -67,9 +65,9 @@ CPU_LOOP_WINS = BACKEND in ("jax", "tensorflow")
 
 def _policy(T, S, lead=(8, 8), device="cpu", **overrides):
     config.set_attention_block_size(None)
-    kw = dict(has_mask=False, has_bias=False, is_causal=True, needs_weights=False,
-              symbolic=False, device=device)
-    return _paths.select_implementation("auto", lead=lead, T=T, S=S, **{**kw, **overrides})
+    kw = dict(backend=BACKEND, has_mask=False, has_bias=False, is_causal=True,
+              needs_weights=False, symbolic=False, device=device)
+    return select_implementation("auto", lead=lead, T=T, S=S, **{**kw, **overrides})
 
 
 # (T, S, lead, causal) -> the backends whose CPU policy goes blockwise there.
@@ -137,7 +135,7 @@ def test_a_set_threshold_replaces_the_policy():
 
 def test_block_size_follows_the_shape_unless_set():
     config.set_attention_block_size(None)
-    size = _paths.block_size_for
+    size = block_size_for
     assert size((1, 4), 4096, 4096) == 512               # 4 x 512^2 = 2^20 scores a tile
     assert size((1, 4), 4096, 4096, banded=True) == 256  # causal / windowed: half the tile
     assert size((2, 4), 4096, 4096) == 256
@@ -158,9 +156,10 @@ def test_auto_takes_the_policy_path_in_a_real_call():
     config.set_attention_block_size(None)
     g = rng(3)
     q, k, v = randn(g, 1, 1, 32, 4), randn(g, 1, 1, 32, 4), randn(g, 1, 1, 32, 4)
-    out = sdpa(q, k, v, is_causal=True)
-    cpu = _paths.device_kind(keras.ops.convert_to_tensor(q)) == "cpu"
-    assert _taken() == {"blockwise" if BACKEND == "jax" and cpu else "fused": 1}
+    with observe_paths() as taken:
+        out = sdpa(q, k, v, is_causal=True)
+    cpu = device_kind(keras.ops.convert_to_tensor(q)) == "cpu"
+    assert taken == {"blockwise" if BACKEND == "jax" and cpu else "fused": 1}
     expected, _ = reference.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert_close(out, expected)
 
@@ -177,8 +176,9 @@ def test_tf_function_with_unknown_batch_goes_blockwise():
     randomize_weights(layer, seed=1)
     fn = tf.function(lambda t: layer(t, use_causal_mask=True),
                      input_signature=[tf.TensorSpec((None, 10, 8), tf.float32)])
-    out = fn(x)
-    assert _taken() == {"blockwise": 1}
+    with observe_paths() as taken:
+        out = fn(x)
+    assert taken == {"blockwise": 1}
     expected, _ = reference.multi_head_attention(reference_params(layer), x, num_heads=2,
                                                  is_causal=True)
     assert_close(out, expected)
@@ -203,8 +203,9 @@ def test_jax_export_with_symbolic_batch_goes_blockwise():
 
     (batch,) = export.symbolic_shape("b")
     spec = jax.ShapeDtypeStruct((batch, 10, 8), "float32")
-    exported = export.export(jax.jit(fn))(weights, spec)
-    assert _taken() == {"blockwise": 1}
+    with observe_paths() as taken:
+        exported = export.export(jax.jit(fn))(weights, spec)
+    assert taken == {"blockwise": 1}
     out = exported.call(weights, x)
     expected, _ = reference.multi_head_attention(reference_params(layer), x, num_heads=2,
                                                  is_causal=True)
@@ -253,8 +254,9 @@ def test_blockwise_gradients_against_reference(case):
                    implementation="blockwise")
         return keras.ops.sum(out * keras.ops.convert_to_tensor(probe))
 
-    _, grads = _device.value_and_grad(loss, [q, k, v])
-    assert _taken() == {"blockwise": 1}
+    with observe_paths() as taken:
+        _, grads = _device.value_and_grad(loss, [q, k, v])
+    assert taken == {"blockwise": 1}
 
     def ref_loss(which):
         def f(x):
@@ -317,8 +319,9 @@ def test_blockwise_gradients_through_mha_with_masks():
 
         return _device.value_and_grad(loss, list(layer.trainable_weights))
 
-    value, grads = run("blockwise")
-    assert _taken().get("blockwise") and "explicit" not in _taken()
+    with observe_paths() as taken:
+        value, grads = run("blockwise")
+    assert taken.get("blockwise") and "explicit" not in taken
     ref_value, ref_grads = run("explicit")
     assert value == pytest.approx(ref_value, rel=1e-5)
     for grad, ref in zip(grads, ref_grads, strict=True):
@@ -342,8 +345,9 @@ def test_blockwise_fit_with_a_partial_last_batch():
         history = model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
         return history.history["loss"][-1], [to_numpy(w) for w in model.weights]
 
-    loss, weights = train("blockwise")
-    assert _taken().get("blockwise")
+    with observe_paths() as taken:
+        loss, weights = train("blockwise")
+    assert taken.get("blockwise")
     ref_loss, ref_weights = train("explicit")
     assert loss == pytest.approx(ref_loss, rel=1e-5)
     for w, ref in zip(weights, ref_weights, strict=True):

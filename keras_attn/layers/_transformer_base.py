@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import keras
 
-from keras_attn._paths import check_implementation
+from keras_attn._policy import check_implementation
 from keras_attn._typing import Initializer
 from keras_attn._validation import check_dropout, check_positive_int
 from keras_attn.layers._common import clone_initializer

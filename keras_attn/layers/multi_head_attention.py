@@ -12,18 +12,17 @@ import keras
 from keras import ops
 
 from keras_attn import cache as kv_cache
-from keras_attn._paths import (
-    attend,
-    check_implementation,
-    combine_masks,
-    device_kind,
-    fused_attention_bthd,
-    select_implementation,
-)
+from keras_attn._policy import check_implementation, device_kind, select_implementation
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Initializer
 from keras_attn._validation import as_bool_mask, check_dropout, check_positive_int, check_rank
-from keras_attn.attention import causal_mask, sliding_window_mask
+from keras_attn.attention import (
+    attend,
+    causal_mask,
+    combine_masks,
+    fused_attention_bthd,
+    sliding_window_mask,
+)
 from keras_attn.layers import _keras_compat as compat
 from keras_attn.layers import _projection as projection
 from keras_attn.options import AttentionOptions
@@ -325,7 +324,7 @@ class MultiHeadAttention(keras.layers.Layer):
             needs_weights=bool(return_scores) or (training and self.dropout > 0.0),
             symbolic=isinstance(q, keras.KerasTensor), has_window=window is not None,
             has_soft_cap=self.logit_soft_cap is not None, device=device_kind(q),
-            cached=cached)
+            cached=cached, backend=keras.backend.backend())
         scale = 1.0 / math.sqrt(d_k)
         if path == "fused" and 0 not in (T, S):
             # Keras's (B, T, H, d) layout: no transposes on our side.

@@ -45,6 +45,8 @@ gradients.
 import keras
 from keras import ops
 
+from keras_attn._kernels.common import group_size
+from keras_attn._masks import and_masks, may_attend
 from keras_attn._shapes import (
     broadcast_lead,
     pad_axis,
@@ -54,7 +56,7 @@ from keras_attn._shapes import (
     to_rank,
 )
 
-__all__ = ["blockwise_attention", "group_size"]
+__all__ = ["blockwise_attention"]
 
 _NEG_INF = float("-inf")
 
@@ -71,10 +73,9 @@ class _Blocks:
 
     Rows are query positions, each repeated `group` times when grouped heads
     share a key/value head (row r is position r // group; see
-    `blockwise_attention`). Query position p may see key j when causal:
-    `j <= p + offset`; with a window W also `p + offset - j < W` (causal) or
-    `|p + offset - j| < W` (not causal), where `offset = S - T` aligns the
-    queries to the bottom-right.
+    `blockwise_attention`). Row r's query sits at absolute position
+    `r // group + offset`, `offset = S - T` (bottom-right), and which keys it
+    may see is `keras_attn._masks.may_attend`, evaluated one block at a time.
     """
 
     def __init__(self, rows, S, block_size, is_causal, lead, group=1, window=None,
@@ -144,21 +145,14 @@ class _Blocks:
         positional = self.is_causal or self.window is not None
         if positional or self.Sp != self.S:
             cols = j * self.bk + ops.arange(self.bk, dtype="int32")[None, :]  # (1, bk)
+            positions = None
             if positional:
                 rows = i * self.bq + ops.arange(self.bq, dtype="int32")[:, None]  # (bq, 1)
-                distance = self._position(rows) + self.offset - cols  # (bq, bk)
-                if self.is_causal:
-                    allowed = ops.greater_equal(distance, 0)
-                if self.window is not None:
-                    reach = distance if self.is_causal else ops.abs(distance)
-                    near = ops.less(reach, self.window)
-                    allowed = near if allowed is None else ops.logical_and(allowed, near)
-            if self.Sp != self.S:
-                valid = ops.less(cols, self.S)  # padded keys
-                allowed = valid if allowed is None else ops.logical_and(allowed, valid)
+                positions = self._position(rows) + self.offset  # absolute query positions
+            allowed = may_attend(positions, cols, self.is_causal, self.window,
+                                 key_end=self.S if self.Sp != self.S else None)  # padded keys
         if mask is not None:
-            tile = ops.greater(self.tile(mask, i, j), 0)
-            allowed = tile if allowed is None else ops.logical_and(allowed, tile)
+            allowed = and_masks(allowed, ops.greater(self.tile(mask, i, j), 0))
         return allowed
 
     def logits(self, q_i, k_j, bias, mask, i, j, scale):
@@ -427,15 +421,6 @@ def _dims(x, stop):
     return [d if isinstance(d, int) else shape[i] for i, d in enumerate(static_shape(x)[:stop])]
 
 
-def group_size(query, key):
-    """G = H / H_kv when `key` has fewer heads (axis -3) than `query`, else 1."""
-    q, k = static_shape(query), static_shape(key)
-    # One key/value head (multi-query, or a key broadcast over the heads) is a group of H.
-    if len(q) < 3 or len(k) < 3 or None in (q[-3], k[-3]) or not 1 <= k[-3] < q[-3]:
-        return 1
-    return q[-3] // k[-3]
-
-
 def _rows_by_position(x, group, T):
     """`(..., H|1, T|1, w)` -> `(..., H_kv|1, T*G|1, w)`: row t*G + g is head g of a group.
 
@@ -460,6 +445,16 @@ def _heads_from_rows(x, group, T):
     x = ops.reshape(x, lead + [kv_heads, T, group, width])
     x = ops.swapaxes(x, -3, -2)  # (..., H_kv, G, T, w)
     return ops.reshape(x, lead + [kv_heads * group, T, width])
+
+
+def _pad_to_blocks(x, rank, g):
+    """A mask or bias `(..., rows|1, S|1)` padded to `(..., Tp|1, Sp|1)`."""
+    x = to_rank(x, rank)
+    if x.shape[-2] != 1:
+        x = pad_axis(x, -2, g.Tp - g.T)
+    if x.shape[-1] != 1:
+        x = pad_axis(x, -1, g.Sp - g.S)
+    return x
 
 
 def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False,
@@ -507,19 +502,10 @@ def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False
     q = pad_axis(q, -2, g.Tp - rows)
     k = pad_axis(k, -2, g.Sp - S)
     v = pad_axis(v, -2, g.Sp - S)
-    if mask is not None:
-        mask = to_rank(mask, rank)
-        if mask.shape[-2] != 1:
-            mask = pad_axis(mask, -2, g.Tp - rows)
-        if mask.shape[-1] != 1:
-            mask = pad_axis(mask, -1, g.Sp - S)
+    mask = None if mask is None else _pad_to_blocks(mask, rank, g)
     args = [q, k, v]
     if bias is not None:
-        bias = to_rank(bias, rank)
-        if bias.shape[-2] != 1:
-            bias = pad_axis(bias, -2, g.Tp - rows)
-        if bias.shape[-1] != 1:
-            bias = pad_axis(bias, -1, g.Sp - S)
+        bias = _pad_to_blocks(bias, rank, g)
         args.append(bias)
 
     out = _attention_fn(mask, g, scale, bias is not None)(*args)

@@ -1,0 +1,158 @@
+"""The fused path: `keras.ops.dot_product_attention` with keras_attn's mask semantics.
+
+PyTorch's SDPA kernels, cuDNN/flash on GPU. Dimension letters: B batch, H
+query heads, H_kv key/value heads, T query length, S key length, d_k and d_v
+head widths. Masks are bool, True = may attend; `bias` is additive.
+"""
+
+import functools
+import math
+
+import keras
+from keras import ops
+
+from keras_attn._kernels.common import zero_unattended_keys
+from keras_attn._masks import combine_masks, positional_mask
+from keras_attn._shapes import static_shape, to_rank
+
+__all__ = ["fused_attention", "fused_attention_bthd"]
+
+
+def _large_negative(dtype):
+    """A finite stand-in for -inf that still underflows exp() in float32 softmax."""
+    return -0.7 * (65504.0 if keras.backend.standardize_dtype(dtype) == "float16" else 3.4e38)
+
+
+@functools.cache
+def _jax_on_gpu():
+    try:
+        return keras.distribution.list_devices()[0].startswith(("gpu", "cuda"))
+    except Exception:  # no device list: be safe
+        return False
+
+
+def _kernel_keeps_half_precision(x):
+    """Whether `ops.dot_product_attention` may take float16/bfloat16 `x` as it is.
+
+    The GPU kernels (PyTorch's flash and memory-efficient SDPA, cuDNN under
+    JAX) accumulate the logits and the softmax in float32. On the CPU,
+    PyTorch's SDPA gives wrong rows once half-precision logits pass 65504
+    (measured: float16 logits of ~1e5), TensorFlow's and NumPy's kernels
+    (Keras's own math) compute the softmax in the input dtype (NaN), and
+    JAX's XLA kernel asks for a float16 x float16 -> float32 dot that the CPU
+    compiler rejects under `jit`. Those get float32 inputs instead.
+    """
+    backend = keras.backend.backend()
+    if backend == "torch":
+        return "cuda" in str(getattr(x, "device", ""))
+    if backend == "jax":
+        return _jax_on_gpu()
+    return False
+
+
+def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=False, scale=None,
+                         window=None):
+    """`keras.ops.dot_product_attention` with keras_attn's mask semantics.
+
+    Layout `(B, T, H, d)` (heads after time, as `keras.ops.dot_product_attention`
+    wants). `mask`/`bias` broadcast to `(B, H, T, S)`. Causal masking is
+    bottom-right aligned: the backend's `is_causal` flag (top-left aligned on
+    PyTorch) is used only when `T == S` statically and there is no mask or
+    bias; otherwise the causal mask is folded into the mask. Rows with no
+    allowed key are re-opened before the kernel (so that it never sees a
+    fully masked row, which gives NaN on PyTorch and a uniform row on JAX and
+    TensorFlow) and zeroed after it, which keeps values and gradients finite.
+    Keys that no query may attend are zeroed (`zero_unattended_keys`). A
+    sliding `window` is folded into the mask. Key/value heads fewer than the
+    query's (grouped heads) are repeated to match.
+    Half precision runs the kernel in float32 unless it is a GPU kernel that
+    accumulates in float32 (`_kernel_keeps_half_precision`).
+
+    Returns:
+        `(B, T, H, d_v)` in the dtype of `value`.
+    """
+    out_dtype = value.dtype
+    if "float16" in keras.backend.standardize_dtype(query.dtype) and not (
+            _kernel_keeps_half_precision(query)):
+        query, key, value = (ops.cast(x, "float32") for x in (query, key, value))
+    d_k, d_v = static_shape(query)[-1], static_shape(value)[-1]
+    if keras.backend.backend() == "jax" and d_k != d_v:
+        # JAX's kernel (and Keras's fallback) assume d_v == d_k. Zero columns
+        # change neither q.k nor the output's first d_v columns.
+        width = max(d_k, d_v)
+        pad = [[0, 0], [0, 0], [0, 0]]
+        query, key = (ops.pad(x, pad + [[0, width - d_k]]) for x in (query, key))
+        value = ops.pad(value, pad + [[0, width - d_v]])
+        output = fused_attention_bthd(query, key, value, mask, bias, is_causal, scale, window)
+        return ops.cast(output[..., :d_v], out_dtype)
+    heads, kv_heads = static_shape(query)[2], static_shape(key)[2]
+    group = heads // kv_heads if None not in (heads, kv_heads) else 1
+    T, S = static_shape(query)[1], static_shape(key)[1]
+    use_flag = (bool(is_causal) and window is None and mask is None and bias is None
+                and T is not None and T == S)
+    allowed = None if mask is None else to_rank(ops.cast(mask, "bool"), 4)
+    if not use_flag:
+        allowed = combine_masks(
+            allowed, positional_mask(ops.shape(query)[1], ops.shape(key)[1], is_causal, window))
+    if bias is not None:
+        bias = to_rank(ops.cast(bias, query.dtype), 4)
+        allowed = combine_masks(allowed, ops.greater(bias, float("-inf")))
+    keep = None
+    if allowed is not None:
+        allowed = to_rank(allowed, 4)
+        keep = ops.any(allowed, axis=-1, keepdims=True)  # (B|1, H|1, T|1, 1)
+        key, value = zero_unattended_keys(key, value, allowed, key_axis=1, group=group)
+    if group > 1:  # (B, S, H_kv, d) -> (B, S, H, d)
+        key, value = (ops.repeat(x, group, axis=2) for x in (key, value))
+    if bias is not None:
+        bias = ops.where(allowed, bias, _large_negative(query.dtype))
+        bias = ops.where(keep, bias, ops.zeros_like(bias))
+        output = ops.dot_product_attention(query, key, value, bias=bias, scale=scale)
+    else:
+        if keep is not None:
+            allowed = ops.logical_or(allowed, ops.logical_not(keep))
+        output = ops.dot_product_attention(
+            query, key, value, mask=allowed, scale=scale, is_causal=use_flag)
+    if keep is not None:
+        keep = ops.transpose(keep, (0, 2, 1, 3))  # (B|1, T|1, H|1, 1)
+        output = output * ops.cast(keep, output.dtype)
+    return ops.cast(output, out_dtype)
+
+
+def fused_attention(query, key, value, mask, bias, is_causal, scale, lead, window=None):
+    """The fused path for the `(..., T, d)` layout of the functional core.
+
+    `query`, `key`, `value` already share the leading dims `lead`.
+    """
+    T, d_v = static_shape(query)[-2], static_shape(value)[-1]
+    n = len(lead)
+    if n > 2:  # fold the extra leading dims into the batch
+        if any(not isinstance(d, int) for d in lead):
+            raise ValueError(
+                "The fused path needs static leading dims beyond (batch, heads). "
+                f"Received: query.shape={static_shape(query)}"
+            )
+        batch = int(math.prod(lead[:-1]))
+
+        def fold(x):
+            return ops.reshape(x, (batch, lead[-1]) + tuple(x.shape[-2:]))  # (B', H, L, w)
+
+        def fold_mask(x):
+            x = to_rank(x, n + 2)
+            x = ops.broadcast_to(x, tuple(lead) + tuple(x.shape[-2:]))
+            return fold(x)
+
+        query, key, value = fold(query), fold(key), fold(value)
+        mask = None if mask is None else fold_mask(ops.cast(mask, "bool"))
+        bias = None if bias is None else fold_mask(bias)
+    else:
+        query, key, value = (to_rank(x, 4) for x in (query, key, value))
+    q, k, v = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, L, H, d)
+    out = fused_attention_bthd(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
+                               window=window)
+    out = ops.swapaxes(out, 1, 2)  # (B, H, T, d_v)
+    if n > 2:
+        return ops.reshape(out, tuple(lead) + (T, d_v))
+    for _ in range(2 - n):
+        out = ops.squeeze(out, 0)
+    return out
