@@ -46,6 +46,7 @@ from keras_attn._validation import (
 
 __all__ = [
     "attend",
+    "attend_heads",
     "causal_mask",
     "combine_masks",
     "fused_attention_bthd",
@@ -313,3 +314,44 @@ def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale
                                    sliding_window=window, logit_soft_cap=soft_cap)
     return explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_rate,
                               seed, training, return_attention_scores, window, soft_cap)
+
+
+def attend_heads(query, key, value, *, mask=None, is_causal=False, window=None,
+                 implementation="auto", dropout_rate=0.0, seed=None, training=False,
+                 return_attention_scores=False, soft_cap=None, cached=False):
+    """The attention of projected heads in the layers' `(B, L, heads, d)` layout.
+
+    What `keras_attn.MultiHeadAttention` calls: the policy picks the path for
+    these shapes and options (`cached`: a call over a key/value cache), the
+    fused path reads `(B, T, H, d)` directly, the others work heads-first.
+
+    Args:
+        query: `(B, T, H, d_k)`; key: `(B, S, H_kv, d_k)`; value:
+            `(B, S, H_kv, d_v)`.
+        mask: bool broadcastable to `(B, H, T, S)`, or None.
+
+    Returns:
+        `(attended, scores or None, heads_first)`: attended is
+        `(B, H, T, d_v)` when `heads_first`, else `(B, T, H, d_v)` (fused).
+    """
+    (B, T, H, d_k), S = static_shape(query), static_shape(key)[1]
+    training = bool(training)
+    path = select_implementation(
+        implementation, lead=(B, H), T=T, S=S, has_mask=mask is not None, has_bias=False,
+        is_causal=is_causal,
+        needs_weights=bool(return_attention_scores) or (training and dropout_rate > 0.0),
+        symbolic=isinstance(query, keras.KerasTensor), has_window=window is not None,
+        has_soft_cap=soft_cap is not None, device=device_kind(query), cached=cached,
+        backend=keras.backend.backend())
+    scale = 1.0 / math.sqrt(d_k)
+    if path == "fused" and 0 not in (T, S):
+        # Keras's (B, T, H, d) layout: no transposes on our side.
+        return fused_attention_bthd(query, key, value, mask=mask, is_causal=is_causal,
+                                    scale=scale, window=window), None, False
+    query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
+    attended = attend(
+        path, query, key, value, mask=mask, is_causal=is_causal, scale=scale,
+        dropout_rate=dropout_rate, seed=seed, training=training,
+        return_attention_scores=bool(return_attention_scores), window=window, soft_cap=soft_cap)
+    attended, scores = attended if return_attention_scores else (attended, None)
+    return attended, scores, True

@@ -50,6 +50,7 @@ __all__ = [
     "index_in_range",
     "poison",
     "positions",
+    "read",
     "write",
 ]
 
@@ -279,13 +280,22 @@ def write(cache, keys, values, cache_update_index, in_range=None):
     Returns:
         The new cache `(B, 2, S_max, H_kv, d)`.
     """
-    new = ops.stack([keys, values], axis=1)  # (B, 2, S_new, H_kv, d)
-    if keras.backend.standardize_dtype(new.dtype) != keras.backend.standardize_dtype(
-            cache.dtype):
-        new = ops.cast(new, cache.dtype)
+    new = _cast(ops.stack([keys, values], axis=1), cache.dtype)  # (B, 2, S_new, H_kv, d)
     if in_range is not None:
         new = poison(new, in_range)
     return ops.slice_update(cache, [0, 0, cache_update_index, 0, 0], new)
+
+
+def read(cache, dtype):
+    """The keys and values `(B, S_max, H_kv, d)` of `cache`, in `dtype`."""
+    return _cast(cache[:, 0], dtype), _cast(cache[:, 1], dtype)
+
+
+def _cast(x, dtype):
+    """`ops.cast`, skipped when `x` already has `dtype` (one op less per decode step)."""
+    if keras.backend.standardize_dtype(x.dtype) == keras.backend.standardize_dtype(dtype):
+        return x
+    return ops.cast(x, dtype)
 
 
 def cached_positional_mask(T, max_length, start, new_length, is_causal, window):

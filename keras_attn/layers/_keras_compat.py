@@ -16,7 +16,7 @@ from keras_attn._validation import (
     check_positive_int,
     check_rank,
 )
-from keras_attn.attention import combine_masks
+from keras_attn.attention import causal_mask, combine_masks, sliding_window_mask
 
 __all__ = [
     "call_keras_hook",
@@ -102,13 +102,13 @@ def check_flash_attention(flash_attention, dropout=0.0, return_attention_scores=
 
 
 def call_keras_hook(layer, query, key, value, mask, training, return_attention_scores,
-                    is_causal):
+                    is_causal, window):
     """A subclass's own `_compute_attention`, called with Keras's layout and signature.
 
     Keras passes H heads for keys and values: grouped ones are repeated.
-    `mask` is the whole boolean mask `(B, H|1, T, S)` (causal, window and
-    cache slots included, so `use_causal_mask` is False then) or None with
-    `is_causal` for a plain lower-right triangle.
+    The hook gets every rule in its mask `(B, H|1, T, S)`: `mask` (with the
+    cache's slots, if any), and the causal rule and `window` (bottom-right
+    aligned), so its `use_causal_mask` is False.
 
     Returns:
         `(output (B, T, H, d_v), scores or None)`.
@@ -117,9 +117,14 @@ def call_keras_hook(layer, query, key, value, mask, training, return_attention_s
     if group > 1:
         key = ops.repeat(key, group, axis=2)  # (B, S, H, d_k)
         value = ops.repeat(value, group, axis=2)  # (B, S, H, d_v)
+    if is_causal or window is not None:
+        T, S = static_shape(query)[1], static_shape(key)[1]
+        positional = (causal_mask(T, S) if window is None
+                      else sliding_window_mask(T, S, window, is_causal))  # (T, S)
+        mask = combine_masks(mask, positional)
     output, scores = layer._compute_attention(
         query, key, value, attention_mask=mask, training=training,
-        return_attention_scores=return_attention_scores, use_causal_mask=is_causal)
+        return_attention_scores=return_attention_scores, use_causal_mask=False)
     return output, scores
 
 

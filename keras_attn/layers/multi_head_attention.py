@@ -5,24 +5,17 @@
 attention (`_compute_attention`, if overridden) -> output projection.
 """
 
-import math
 from typing import Any
 
 import keras
 from keras import ops
 
 from keras_attn import cache as kv_cache
-from keras_attn._policy import check_implementation, device_kind, select_implementation
+from keras_attn._policy import check_implementation
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Initializer
 from keras_attn._validation import as_bool_mask, check_dropout, check_positive_int, check_rank
-from keras_attn.attention import (
-    attend,
-    causal_mask,
-    combine_masks,
-    fused_attention_bthd,
-    sliding_window_mask,
-)
+from keras_attn.attention import attend_heads, combine_masks
 from keras_attn.layers import _keras_compat as compat
 from keras_attn.layers import _projection as projection
 from keras_attn.options import AttentionOptions
@@ -276,10 +269,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 in_range = kv_cache.index_in_range(cache_update_index, ops.shape(key)[1], S_max)
         q, k, v, new_cache = self._project(query, key, value, cache, cache_update_index, in_range)
         if type(self)._compute_attention is not MultiHeadAttention._compute_attention:
-            if is_causal or window is not None:  # the hook gets every rule in its mask
-                mask_4d = combine_masks(mask_4d, _positional(T, S_all, is_causal, window))
             attended, scores = compat.call_keras_hook(
-                self, q, k, v, mask_4d, training, return_attention_scores, False)
+                self, q, k, v, mask_4d, training, return_attention_scores, is_causal, window)
             heads_first = False
         else:
             attended, scores, heads_first = self._attend(
@@ -314,30 +305,12 @@ class MultiHeadAttention(keras.layers.Layer):
         return (ops.swapaxes(attended, 1, 2) if heads_first else attended), scores
 
     def _attend(self, q, k, v, mask, is_causal, window, training, return_scores, cached):
-        """The package's paths: `(attended, scores, heads_first)`; attended is
-        `(B, H, T, d_v)` when `heads_first`, else `(B, T, H, d_v)` (fused)."""
-        (B, T, H, d_k), S = static_shape(q), static_shape(k)[1]
-        training = bool(training)
-        path = select_implementation(
-            self.implementation, lead=(B, H), T=T, S=S, has_mask=mask is not None,
-            has_bias=False, is_causal=is_causal,
-            needs_weights=bool(return_scores) or (training and self.dropout > 0.0),
-            symbolic=isinstance(q, keras.KerasTensor), has_window=window is not None,
-            has_soft_cap=self.logit_soft_cap is not None, device=device_kind(q),
-            cached=cached, backend=keras.backend.backend())
-        scale = 1.0 / math.sqrt(d_k)
-        if path == "fused" and 0 not in (T, S):
-            # Keras's (B, T, H, d) layout: no transposes on our side.
-            return fused_attention_bthd(q, k, v, mask=mask, is_causal=is_causal, scale=scale,
-                                        window=window), None, False
-        q, k, v = (ops.swapaxes(x, 1, 2) for x in (q, k, v))  # (B, H|H_kv, L, d)
-        attended = attend(
-            path, q, k, v, mask=mask, is_causal=is_causal, scale=scale,
-            dropout_rate=self.dropout, seed=self.seed_generator, training=training,
-            return_attention_scores=bool(return_scores), window=window,
-            soft_cap=self.logit_soft_cap)
-        attended, scores = attended if return_scores else (attended, None)
-        return attended, scores, True
+        """`keras_attn.attention.attend_heads` with this layer's settings."""
+        return attend_heads(
+            q, k, v, mask=mask, is_causal=is_causal, window=window,
+            implementation=self.implementation, dropout_rate=self.dropout,
+            seed=self.seed_generator, training=training, return_attention_scores=return_scores,
+            soft_cap=self.logit_soft_cap, cached=cached)
 
     def _project(self, query, key, value, cache, cache_update_index, in_range=None):
         """`(q, k, v, new_cache)` in `(B, L, heads, d)` after qk-norm and RoPE.
@@ -368,7 +341,7 @@ class MultiHeadAttention(keras.layers.Layer):
             return q, k, v, None
         new_cache = cache if read_only else kv_cache.write(cache, k, v, cache_update_index,
                                                            in_range)
-        k, v = (_cast(new_cache[:, i], q.dtype) for i in (0, 1))  # (B, S_max, H_kv, d)
+        k, v = kv_cache.read(new_cache, q.dtype)  # (B, S_max, H_kv, d) each
         return q, k, v, new_cache
 
     def _rope(self, x, positions):
@@ -384,11 +357,8 @@ class MultiHeadAttention(keras.layers.Layer):
         query_shape = check_rank("query", query_shape, 3, "(B, T, q_dim)")
         return query_shape[:-1] + (self.output_dim or query_shape[-1],)
 
-    def compute_output_spec(self, query, value=None, key=None, query_mask=None,
-                            value_mask=None, key_mask=None, attention_mask=None,
-                            return_attention_scores=False, training=None,
-                            use_causal_mask=False, mask=None, cache=None,
-                            cache_update_index=None):
+    def compute_output_spec(self, query, value=None, key=None, *args,
+                            return_attention_scores=False, cache=None, **kwargs):
         source = value if value is not None else (key if key is not None else query)
         results = (keras.KerasTensor(self.compute_output_shape(query.shape),
                                      dtype=self.compute_dtype),)
@@ -417,26 +387,11 @@ class MultiHeadAttention(keras.layers.Layer):
         return config
 
 
-# The options read as attributes (`layer.sliding_window`), each one a field of
-# `keras_attn.options.AttentionOptions`, where it is documented and checked.
 def _option(name: str) -> property:
-    return property(lambda self: getattr(self.options, name),
-                    doc=f"`self.options.{name}` (see `keras_attn.options.AttentionOptions`).")
+    """`layer.<name>` reads `layer.options.<name>` (`keras_attn.options.AttentionOptions`)."""
+    return property(lambda self: getattr(self.options, name), doc=f"`self.options.{name}`.")
 
 
-for _name in _OPTION_NAMES:
+for _name in _OPTION_NAMES:  # layer.sliding_window, layer.qk_norm, ...
     setattr(MultiHeadAttention, _name, _option(_name))
 
-
-def _positional(T, S, is_causal, window):
-    """Causal and/or window as a bool `(T, S)` (bottom-right aligned), for a subclass's hook."""
-    if window is None:
-        return causal_mask(T, S)
-    return sliding_window_mask(T, S, window, is_causal)
-
-
-def _cast(x, dtype):
-    """`ops.cast`, skipped when `x` already has `dtype` (one op less per decode step)."""
-    if keras.backend.standardize_dtype(x.dtype) == keras.backend.standardize_dtype(dtype):
-        return x
-    return ops.cast(x, dtype)
