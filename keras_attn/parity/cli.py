@@ -7,7 +7,6 @@ not, 2 the requested device is unavailable (or a worker could not run).
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -21,22 +20,13 @@ import numpy as np
 from keras_attn.parity.worker import NO_GPU_EXIT
 from keras_attn.testing.tolerances import TOLERANCES
 
-__all__ = ["add_arguments", "installed_backends", "run"]
+# The backends and how to tell they are installed (numpy needs jax and scipy) are the
+# command's front door's, which finds them without importing anything.
+from keras_attn_cli import BACKENDS, REQUIRES, installed_backends, quiet_environment
 
-BACKENDS = ("tensorflow", "jax", "torch", "numpy")
+__all__ = ["BACKENDS", "REQUIRES", "add_arguments", "installed_backends", "run"]
+
 TRAINABLE = ("tensorflow", "jax", "torch")
-
-
-# Keras's NumPy backend imports jax and scipy (keras declares neither): without
-# them it cannot start, so numpy counts as installed only when both are there.
-REQUIRES = {"tensorflow": ("tensorflow",), "jax": ("jax",), "torch": ("torch",),
-            "numpy": ("jax", "scipy")}
-
-
-def installed_backends():
-    """The backends whose packages are importable (numpy needs jax and scipy)."""
-    return [b for b in BACKENDS
-            if all(importlib.util.find_spec(m) is not None for m in REQUIRES[b])]
 
 
 def _list(kind, choices):
@@ -76,7 +66,8 @@ def add_arguments(parser):
 
 
 def _worker_env(backend, device):
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+    # TensorFlow's C++ start-up logs hidden, unless the user set the level.
+    env = quiet_environment(dict(os.environ, KERAS_BACKEND=backend))
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(
         [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
