@@ -19,6 +19,7 @@ import pytest
 
 import keras_attn
 import keras_attn_cli
+from keras_attn.parity.cases import CASES
 
 BACKEND = keras.backend.backend()
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -139,6 +140,31 @@ def test_a_keras_json_that_chooses_a_missing_backend_is_named(tmp_path):
     done = _front_door(tmp_path, "example")
     assert done.returncode == 2
     assert f"{tmp_path / 'keras.json'} chooses tensorflow" in done.messages[0]
+
+
+def test_parity_help_lists_the_cases_with_keras_backend_unset(tmp_path):
+    """TensorFlow absent and KERAS_BACKEND unset: the orchestrator's --help loads an
+    installed backend (the help does not depend on it), or says what to install."""
+    done = _front_door(tmp_path, "parity", "--help", block=("tensorflow",))
+    if _unblocked_backends(("tensorflow",)):
+        assert done.returncode == 0, done.stderr
+        assert "tensorflow" not in done.imported
+        for case in CASES:
+            assert case.name in done.stdout
+    else:
+        assert done.returncode == 2
+        assert "none is installed" in done.messages[0] and "KERAS_BACKEND" in done.messages[0]
+
+
+def test_parity_help_lists_every_case_with_its_description(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        keras_attn_cli.main(["parity", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert f"cases ({len(CASES)};" in out
+    for case in CASES:
+        line = next(x for x in out.splitlines() if x.split()[:1] == [case.name])
+        assert case.description in line  # one case per line, not re-wrapped
 
 
 def test_quiet_environment_keeps_what_the_user_set(monkeypatch):
