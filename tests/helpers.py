@@ -1,5 +1,7 @@
 """Small shared helpers for the tests."""
 
+import re
+
 import keras
 import numpy as np
 
@@ -42,6 +44,24 @@ def assert_close(actual, expected, dtype="float32", what="output", quantity="out
         worst["abs"] = max(worst["abs"], float(abs_err.max()))
         worst["rel"] = max(worst["rel"], float(rel_err.max()))
         worst["ratio"] = max(worst["ratio"], float(ratio.max()))
+
+
+def keras_version():
+    """The installed Keras's version as a tuple of ints: (3, 9, 0)."""
+    return tuple(int(part) for part in re.findall(r"\d+", keras.__version__)[:3])
+
+
+def requires_keras_mha_argument(name):
+    """Skip a test of a `keras.layers.MultiHeadAttention` argument that the installed
+    Keras does not have (`use_gate`, `sliding_window`: newer than the declared floor)."""
+    import inspect
+
+    import pytest
+
+    present = name in inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters
+    return pytest.mark.skipif(
+        not present, reason=f"keras.layers.MultiHeadAttention in Keras {keras.__version__} has "
+        f"no `{name}` argument")
 
 
 def rng(seed=0):

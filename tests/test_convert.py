@@ -17,7 +17,7 @@ import keras_attn
 from keras_attn import convert
 from keras_attn.testing.weights import randomize_weights
 
-from .helpers import assert_close, randn, rng, to_numpy
+from .helpers import assert_close, randn, requires_keras_mha_argument, rng, to_numpy
 
 B, T, S = 2, 5, 7
 D_Q, D_K, D_V = 6, 9, 5
@@ -134,6 +134,7 @@ def test_from_keras_rejects_other_attention_axes():
         convert.multi_head_attention_from_keras(source)
 
 
+@requires_keras_mha_argument("use_gate")
 def test_from_keras_rejects_a_gate():
     source = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, use_gate=True)
     source.build((2, 3, 6), (2, 3, 6))
