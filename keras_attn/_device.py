@@ -6,12 +6,14 @@ benchmarks) come here; each function imports only the active backend, and
 only when called.
 """
 
+import json
 import platform
 
 import keras
 
-__all__ = ["allow_tf32", "compile_inference", "describe", "disable_tf32", "gpu_available",
-           "single_cpu_thread_for_small_ops", "value_and_grad"]
+__all__ = ["allow_tf32", "compile_inference", "describe", "devices", "disable_tf32",
+           "gpu_available", "print_devices", "single_cpu_thread_for_small_ops",
+           "value_and_grad"]
 
 
 def _backend():
@@ -119,6 +121,51 @@ def describe():
         version = numpy.__version__
     return {"backend": name, "backend_version": version, "keras": keras.__version__,
             "device": device}
+
+
+def devices():
+    """`(devices, build)`: every device the active backend sees, as short strings
+    ("cpu", "cuda:0 (NVIDIA H100)", ...), and a note on its build ("CUDA 12.6",
+    "CPU only", or None)."""
+    name = _backend()
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        found = []
+        for device in tf.config.list_physical_devices():
+            text = device.name.replace("/physical_device:", "").lower()
+            if device.device_type == "GPU":
+                details = tf.config.experimental.get_device_details(device)
+                text += f" ({details.get('device_name', 'GPU')})"
+            found.append(text)
+        build = tf.sysconfig.get_build_info()
+        cuda = build.get("cuda_version") if build.get("is_cuda_build") else None
+        return found, (f"CUDA {cuda}" if cuda else "CPU only")
+    if name == "torch":
+        import torch
+
+        found = ["cpu"]
+        if torch.cuda.is_available():
+            found += [f"cuda:{i} ({torch.cuda.get_device_name(i)})"
+                      for i in range(torch.cuda.device_count())]
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            found.append("mps")
+        cuda = torch.version.cuda
+        return found, (f"CUDA {cuda}" if cuda else "CPU only")
+    if name == "jax":
+        import jax
+
+        found = [f"{d.platform}:{d.id} ({d.device_kind})" for d in jax.devices()]
+        return found, f"default backend {jax.default_backend()}"
+    return ["cpu"], None
+
+
+def print_devices():
+    """Print `describe()` and `devices()` as one JSON line (`keras-attn info` runs
+    this in a subprocess per backend)."""
+    found, build = devices()
+    print(json.dumps({**describe(), "devices": found, "build": build}), flush=True)
 
 
 def value_and_grad(fn, args):

@@ -1,43 +1,39 @@
-"""The `keras-attn` command (also `python -m keras_attn`).
+"""The `keras-attn` commands that need a backend: example, parity, demo.
+
+The command starts in `keras_attn_cli` (a top-level module outside this package,
+which imports no Keras): it answers `--help`, `--version` and `info`, checks the
+backend and hands the other commands to `run_command` here. Importing this module
+imports Keras (the package's `__init__` does), so only those commands come here.
 
 Each subcommand lives in its own module, which provides
-`add_arguments(parser)` and `run(args) -> int`; register it in `COMMANDS`.
+`add_arguments(parser)` and `run(args) -> int`; register it in
+`keras_attn_cli.COMMANDS`. Only the module of the command that runs is imported.
 """
 
 import argparse
 import importlib
 import sys
 
-__all__ = ["main"]
+from keras_attn_cli import COMMANDS
+from keras_attn_cli import main as _main
 
-# name -> (module, one-line help)
-COMMANDS = {
-    "example": ("keras_attn.example", "build a small model from these layers and print its output"),
-    "parity": ("keras_attn.parity.cli",
-               "run the same cases on every backend and compare them with each other "
-               "and with the float64 reference"),
-    "demo": ("keras_attn.demo", "train an encoder-decoder Transformer to reverse digit "
-                                 "sequences (or, with --task add, a decoder-only one to add)"),
-}
+__all__ = ["main", "run_command"]
 
 
-def _parser():
-    parser = argparse.ArgumentParser(
-        prog="keras-attn",
-        description="keras_attn: attention layers written once against keras.ops. "
-        "The backend is chosen by the KERAS_BACKEND environment variable.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
-    return parser
+def run_command(name, argv):
+    """Parse `argv` with the command's own parser and run it; returns the exit status."""
+    module_name, help_text = COMMANDS[name]
+    if module_name is None:
+        raise ValueError(f"`keras-attn {name}` runs in keras_attn_cli, not here")
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"keras-attn {name}", description=help_text)
+    module.add_arguments(parser)
+    return module.run(parser.parse_args(argv))
 
 
 def main(argv=None):
-    args = _parser().parse_args(argv)
-    module = importlib.import_module(COMMANDS[args.command][0])
-    return module.run(args)
+    """`keras-attn ...` (the same as `keras_attn_cli.main`)."""
+    return _main(argv)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Small shared helpers for the tests."""
 
+import re
+
 import keras
 import numpy as np
 
@@ -10,8 +12,10 @@ def to_numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
-# Worst errors seen by assert_close, per (what it compared against, dtype); the
-# conftest prints them at the end.
+# Worst errors seen by assert_close, per (what it compared against, dtype, quantity):
+# {"abs", "rel", "ratio", "atol", "rtol"}, where ratio is the worst
+# |actual - expected| / (atol + rtol * |expected|) (<= 1 passes), as in the parity
+# report. The conftest prints them at the end.
 WORST = {}
 FLOAT64 = "float64 reference"
 UNCACHED = "uncached forward"  # cached decoding against the same layer without a cache
@@ -34,9 +38,30 @@ def assert_close(actual, expected, dtype="float32", what="output", quantity="out
     if actual.size:
         abs_err = np.abs(actual - expected)
         rel_err = abs_err / np.maximum(np.abs(expected), 1e-3)
-        worst = WORST.setdefault((against, dtype), [0.0, 0.0])
-        worst[0] = max(worst[0], float(abs_err.max()))
-        worst[1] = max(worst[1], float(rel_err.max()))
+        ratio = abs_err / (tol["atol"] + tol["rtol"] * np.abs(expected))
+        worst = WORST.setdefault((against, dtype, quantity),
+                                 {"abs": 0.0, "rel": 0.0, "ratio": 0.0, **tol})
+        worst["abs"] = max(worst["abs"], float(abs_err.max()))
+        worst["rel"] = max(worst["rel"], float(rel_err.max()))
+        worst["ratio"] = max(worst["ratio"], float(ratio.max()))
+
+
+def keras_version():
+    """The installed Keras's version as a tuple of ints: (3, 9, 0)."""
+    return tuple(int(part) for part in re.findall(r"\d+", keras.__version__)[:3])
+
+
+def requires_keras_mha_argument(name):
+    """Skip a test of a `keras.layers.MultiHeadAttention` argument that the installed
+    Keras does not have (`use_gate`, `sliding_window`: newer than the declared floor)."""
+    import inspect
+
+    import pytest
+
+    present = name in inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters
+    return pytest.mark.skipif(
+        not present, reason=f"keras.layers.MultiHeadAttention in Keras {keras.__version__} has "
+        f"no `{name}` argument")
 
 
 def rng(seed=0):

@@ -1,10 +1,12 @@
-"""`keras_attn.convert` from Keras's MultiHeadAttention, on every backend.
+"""`keras_attn.convert` from Keras's MultiHeadAttention, and the state-dict checks every
+converter shares (NumPy arrays: no torch needed), on every backend.
 
 The torch converters are tested in `test_convert_torch.py`, which needs torch.
 """
 
 import ast
 import pathlib
+import re
 import sys
 
 import keras
@@ -15,7 +17,7 @@ import keras_attn
 from keras_attn import convert
 from keras_attn.testing.weights import randomize_weights
 
-from .helpers import assert_close, randn, rng, to_numpy
+from .helpers import assert_close, randn, requires_keras_mha_argument, rng, to_numpy
 
 B, T, S = 2, 5, 7
 D_Q, D_K, D_V = 6, 9, 5
@@ -132,6 +134,7 @@ def test_from_keras_rejects_other_attention_axes():
         convert.multi_head_attention_from_keras(source)
 
 
+@requires_keras_mha_argument("use_gate")
 def test_from_keras_rejects_a_gate():
     source = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, use_gate=True)
     source.build((2, 3, 6), (2, 3, 6))
@@ -197,3 +200,64 @@ def test_the_keras_converter_reads_private_attributes_in_one_helper_only():
             private[function.name] = {n for n in names if n.startswith("_") and not n.startswith("__")}
     assert private.pop("_unexposed_arguments") == {"_use_gate", "_output_shape", "_sliding_window"}
     assert not any(private.values()), f"private attributes read: {private}"
+
+
+# ---------------------------------------------------------------------------
+# Keys under another prefix: the error names the prefixes found and the `prefix=` to pass.
+
+
+def _llama_layer_state(D=8, F=16):
+    def zeros(*shape):  # only the keys and shapes matter
+        return np.zeros(shape, "float32")
+
+    state = {f"self_attn.{p}_proj.weight": zeros(D, D) for p in "qkvo"}
+    state.update({"mlp.gate_proj.weight": zeros(F, D), "mlp.up_proj.weight": zeros(F, D),
+                  "mlp.down_proj.weight": zeros(D, F), "input_layernorm.weight": zeros(D),
+                  "post_attention_layernorm.weight": zeros(D)})
+    return state
+
+
+def _llama_model_state(layers=12):
+    """A `LlamaModel`'s keys: `layers.N.` (a `LlamaForCausalLM`'s are `model.layers.N.`)."""
+    state = {f"layers.{i}.{k}": v for i in range(layers) for k, v in _llama_layer_state().items()}
+    state["embed_tokens.weight"] = np.zeros((10, 8), "float32")
+    state["norm.weight"] = np.zeros((8,), "float32")
+    return state
+
+
+def test_a_state_dict_under_another_prefix_names_the_prefixes_and_the_one_to_pass():
+    state = _llama_model_state()
+    with pytest.raises(ValueError) as caught:
+        convert.transformer_decoder_layer_from_llama(state, 2, 2, prefix="model.layers.10.")
+    message = str(caught.value)
+    assert "Received keys: []" not in message
+    assert "No key of state_dict starts with prefix='model.layers.10.'" in message
+    assert "'embed_tokens.', 'layers.', 'norm.'" in message
+    # Natural order, and the suggestion is the received prefix without its 'model.'.
+    assert "the prefixes 'layers.0.', 'layers.1.', 'layers.2.'" in message
+    assert "(12 in all)" in message
+    assert "prefix='layers.10.' (received prefix='model.layers.10.')" in message
+    layer = convert.transformer_decoder_layer_from_llama(state, 2, 2, prefix="layers.10.")
+    assert layer.built
+
+
+def test_a_whole_model_state_dict_without_a_prefix_names_the_prefixes():
+    state = _llama_model_state(layers=2)
+    with pytest.raises(ValueError, match=re.escape(
+            "'q_proj.weight' and the other 3 missing entries are found under the prefixes "
+            "'layers.0.self_attn.', 'layers.1.self_attn.': pass the one you mean as `prefix`, "
+            "for example prefix='layers.0.self_attn.' (received prefix='')")):
+        convert.multi_head_attention_from_llama(state, 2, 2)
+    # The other way round: a LlamaForCausalLM's keys, a LlamaModel's prefix.
+    causal = {"model." + k: v for k, v in state.items()}
+    with pytest.raises(ValueError, match=re.escape("prefix='model.layers.1.self_attn.'")):
+        convert.multi_head_attention_from_llama(causal, 2, 2, prefix="layers.1.self_attn.")
+
+
+def test_a_missing_entry_found_nowhere_else_lists_the_keys_received():
+    state = _llama_layer_state()
+    del state["mlp.up_proj.weight"]
+    with pytest.raises(ValueError, match=r"missing 'mlp\.up_proj\.weight'\. Received keys: \["):
+        convert.transformer_decoder_layer_from_llama(state, 2, 2)
+    with pytest.raises(ValueError, match=r"Received: an empty state dict"):
+        convert.multi_head_attention_from_llama({}, 2, 2, prefix="model.layers.0.self_attn.")

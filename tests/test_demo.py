@@ -203,5 +203,12 @@ def test_add_demo_smoke_generates_and_reloads_identically(tmp_path, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "exact answers" in out and "agrees with the uncached model: yes" in out
+    # The header says in which digit order the answers are printed, and they are in it.
+    assert "least significant digit first" in out and "printed most significant digit first" in out
+    example = next(line for line in out.splitlines() if "(target " in line).split()
+    a, rest = example[0].split("+")
+    b, answer = rest.split("=")
+    assert example[2].rstrip(")") == f"{int(a) + int(b):02d}"  # the target, usual order
+    assert example[-1] != "ok" or int(answer) == int(a) + int(b)
     assert "reloaded model generates identically: yes" in out
     assert (tmp_path / "add.keras").stat().st_size > 0

@@ -12,7 +12,7 @@ import pytest
 import keras_attn
 from keras_attn import convert
 
-from .helpers import assert_close, randn, rng, to_numpy
+from .helpers import assert_close, randn, requires_keras_mha_argument, rng, to_numpy
 
 B, T, S, D = 2, 5, 7, 8
 
@@ -90,6 +90,7 @@ def test_attention_scores_match_keras():
     assert_close(scores, to_numpy(ref_scores), what="scores")
 
 
+@requires_keras_mha_argument("sliding_window")
 @pytest.mark.parametrize("causal", [False, True])
 def test_keras_sliding_window_comes_along(causal):
     g = rng(5)

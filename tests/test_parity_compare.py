@@ -1,8 +1,11 @@
 """The parity tool's comparison logic cannot pass silently (pure NumPy: runs
-on every backend), plus its command-line behaviour that needs no backend run."""
+on every backend), plus its command-line behaviour: argument errors, and the
+progress lines of one short run on the active backend."""
 
+import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -186,3 +189,26 @@ def test_device_gpu_fails_fast_without_a_gpu():
     assert done.returncode == 2, done.stderr
     assert "--device gpu was requested" in done.stderr
     assert "sees no GPU" in done.stderr
+
+
+def test_progress_per_backend_and_case_with_a_running_count(tmp_path):
+    """One line per (backend, dtype, case) on stderr while the workers run; the report
+    (stdout table and JSON) is what it was."""
+    import keras
+
+    backend = keras.backend.backend()
+    report = tmp_path / "parity.json"
+    done = _cli("--backends", backend, "--cases", "ffn_relu,sdpa_mask_bias", "--repeat", "1",
+                "--json", str(report), timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.startswith("[parity] ")]
+    assert lines[0] == f"[parity] {backend}: running 2 cases x 1 dtype(s) on cpu ..."
+    assert re.fullmatch(rf"\[parity\] 1/2 {backend} float32/ffn_relu \d+\.\d\ds", lines[1])
+    assert re.fullmatch(rf"\[parity\] 2/2 {backend} float32/sdpa_mask_bias \d+\.\d\ds", lines[2])
+    assert lines[3].startswith(f"[parity] {backend}: done in ")
+    assert "keras-attn-parity-progress" not in done.stdout + done.stderr
+    assert done.stdout.splitlines()[0].startswith("case ")
+    assert "parity: ok" in done.stdout
+    saved = json.loads(report.read_text())
+    assert set(saved) == {"environment", "device", "dtypes", "cases", "backends", "tolerances",
+                          "ok", "seconds", "determinism", "summary", "records", "arrays"}

@@ -5,6 +5,7 @@ raise a `ValueError` naming the entry and what was received, and `assign`
 checks every shape of a plan before it assigns any variable.
 """
 
+import re
 from collections.abc import Mapping
 
 import keras
@@ -57,6 +58,7 @@ class StateDict:
         if prefix and not prefix.endswith("."):
             prefix += "."
         self.prefix = prefix
+        self._keys = [key for key in state_dict if isinstance(key, str)]
         self._raw = {key[len(prefix):]: value for key, value in state_dict.items()
                      if isinstance(key, str) and key.startswith(prefix)}
         self._arrays = {}
@@ -74,12 +76,53 @@ class StateDict:
         more = f", ... ({len(names)} in all)" if len(names) > 12 else ""
         return f"Received keys: [{shown}{more}]"
 
+    def prefixes_of(self, names):
+        """The prefixes other than `prefix` under which every one of `names` is a key
+        of the whole state dict, in natural order ('layers.2.' before 'layers.10.')."""
+        found = None
+        for name in names:
+            here = {key[:-len(name)] for key in self._keys
+                    if key.endswith(name) and (key == name or key[-len(name) - 1] == ".")}
+            found = here if found is None else found & here
+        found = (found or set()) - {self.prefix}
+        return sorted(found, key=lambda p: [int(t) if t.isdigit() else t
+                                            for t in re.split(r"(\d+)", p)])
+
+    def _where(self, missing):
+        """What the state dict holds instead: the prefixes the missing names are found
+        under and the `prefix=` to pass, else the keys received."""
+        if not self._keys:
+            return "Received: an empty state dict."
+        lines = []
+        if self.prefix and not self._raw:
+            starts = sorted({key.split(".")[0] + ("." if "." in key else "") for key in self._keys})
+            lines.append(f"No key of state_dict starts with prefix={self.prefix!r} (its "
+                         f"{len(self._keys)} keys start with "
+                         f"{', '.join(repr(p) for p in starts[:8])}"
+                         f"{', ...' if len(starts) > 8 else ''}).")
+        prefixes = self.prefixes_of(missing)
+        # The likeliest: the received prefix with a leading part removed or added
+        # ('model.layers.1.' for a LlamaModel's 'layers.1.', or the other way).
+        likely = [p for p in prefixes if self.prefix.endswith(p) or p.endswith(self.prefix)]
+        if prefixes:
+            what = (repr(missing[0]) if len(missing) == 1 else
+                    f"{missing[0]!r} and the other {len(missing) - 1} missing entries")
+            shown = ", ".join(repr(p) for p in prefixes[:6])
+            more = f", ... ({len(prefixes)} in all)" if len(prefixes) > 6 else ""
+            lines.append(f"{what} {'is' if len(missing) == 1 else 'are'} found under "
+                         f"{'the prefix' if len(prefixes) == 1 else 'the prefixes'} "
+                         f"{shown}{more}: pass the one you mean as `prefix`, for example "
+                         f"prefix={(likely or prefixes)[0]!r} (received prefix={self.prefix!r}).")
+        elif self._raw or not self.prefix:
+            lines.append(self.received())
+        return " ".join(lines)
+
     def require(self, *names, hint=""):
         missing = [name for name in names if name not in self._raw]
         if missing:
             raise ValueError(
                 f"state_dict is missing {', '.join(self.key(n) for n in missing)}{hint}. "
-                + self.received())
+                + self._where(missing))
 
     def get(self, name):
         self.require(name)

@@ -62,8 +62,9 @@ def run_add(args, fail):
         train, test = make_addition_split(args.num_train, args.num_test, digits, args.seed)
     except ValueError as error:
         return fail(str(error))
-    print(f"task: add {digits}-digit numbers, answer reversed (\"123+458=\" -> \"1850\"); "
-          f"{len(train)} training, {len(test)} held-out pairs")
+    print(f"task: add {digits}-digit numbers; the model writes each answer least significant "
+          f"digit first (\"123+458=\" -> \"1850\"); answers below are printed most significant "
+          f"digit first (\"123+458=0581\"); {len(train)} training, {len(test)} held-out pairs")
     model = build_language_model(train.shape[1] - 1, model_dim=args.model_dim,
                                  num_heads=4, num_key_value_heads=2,
                                  num_layers=args.num_layers)
@@ -93,7 +94,8 @@ def run_add(args, fail):
     correct = (generated[:, prompt_length:] == test[:, prompt_length:]).all(axis=1)
     accuracy = float(correct.mean())
     print(f"\nexact answers (greedy, key/value cache, {len(correct)} held-out pairs): "
-          f"{100 * accuracy:.1f}%")
+          f"{100 * accuracy:.1f}%; generated and target answers printed most significant "
+          f"digit first:")
     for i in range(min(args.examples, len(correct))):
         print(f"  {render(generated[i], digits)}  "
               f"(target {render(test[i], digits)[prompt_length:]}) "

@@ -51,7 +51,9 @@ def add_arguments(parser):
     parser.add_argument("--task", choices=_TASKS, default="reverse",
                         help="what the model learns to do to a digit sequence (default: "
                              "reverse); 'add': a decoder-only model learns addition "
-                             "('123+458=' -> '581', answer written reversed)")
+                             "('123+458=' -> '1850': it writes the answer least significant "
+                             "digit first; the command prints answers in the usual order, "
+                             "'0581')")
     parser.add_argument("--epochs", type=_positive_int, default=None,
                         help="training epochs (default: 4, add: 6; 1 gives a quick smoke run)")
     parser.add_argument("--seed", type=int, default=0, help="data and weights seed (default: 0)")

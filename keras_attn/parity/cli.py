@@ -7,36 +7,27 @@ not, 2 the requested device is unavailable (or a worker could not run).
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
 
-from keras_attn.parity.worker import NO_GPU_EXIT
+from keras_attn.parity.worker import NO_GPU_EXIT, PROGRESS
 from keras_attn.testing.tolerances import TOLERANCES
 
-__all__ = ["add_arguments", "installed_backends", "run"]
+# The backends and how to tell they are installed (numpy needs jax and scipy) are the
+# command's front door's, which finds them without importing anything.
+from keras_attn_cli import BACKENDS, REQUIRES, installed_backends, quiet_environment
 
-BACKENDS = ("tensorflow", "jax", "torch", "numpy")
+__all__ = ["BACKENDS", "REQUIRES", "add_arguments", "installed_backends", "run"]
+
 TRAINABLE = ("tensorflow", "jax", "torch")
-
-
-# Keras's NumPy backend imports jax and scipy (keras declares neither): without
-# them it cannot start, so numpy counts as installed only when both are there.
-REQUIRES = {"tensorflow": ("tensorflow",), "jax": ("jax",), "torch": ("torch",),
-            "numpy": ("jax", "scipy")}
-
-
-def installed_backends():
-    """The backends whose packages are importable (numpy needs jax and scipy)."""
-    return [b for b in BACKENDS
-            if all(importlib.util.find_spec(m) is not None for m in REQUIRES[b])]
 
 
 def _list(kind, choices):
@@ -51,8 +42,19 @@ def _list(kind, choices):
     return parse
 
 
+def _case_list(cases):
+    width = max(len(c.name) for c in cases)
+    return "\n".join(f"  {c.name:{width}s}  {c.description}" for c in cases)
+
+
 def add_arguments(parser):
     from keras_attn.parity.cases import CASES
+
+    # The case list keeps its lines (one case per line); the options' help is
+    # wrapped as usual.
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (f"cases ({len(CASES)}; --cases takes a comma-separated list of "
+                     f"these names):\n" + _case_list(CASES))
 
     parser.add_argument("--backends", type=_list("backends", BACKENDS), default=None,
                         help="comma-separated backends (default: those installed; "
@@ -65,7 +67,7 @@ def add_arguments(parser):
                         help="cpu (GPUs hidden from the workers) or gpu (fails with exit "
                         "status 2 if a backend sees no GPU)")
     parser.add_argument("--cases", type=_list("cases", [c.name for c in CASES]),
-                        default=None, help="only these cases (default: all)")
+                        default=None, help="only these cases (default: all; listed below)")
     parser.add_argument("--json", metavar="PATH", default=None,
                         help="write the full report (figures, versions, raw results) here")
     parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
@@ -76,7 +78,8 @@ def add_arguments(parser):
 
 
 def _worker_env(backend, device):
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+    # TensorFlow's C++ start-up logs hidden, unless the user set the level.
+    env = quiet_environment(dict(os.environ, KERAS_BACKEND=backend))
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(
         [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -88,6 +91,30 @@ def _worker_env(backend, device):
 
 def _progress(text):
     print(text, file=sys.stderr, flush=True)
+
+
+class _Counter:
+    """The running count of (backend, dtype, case) runs done, over all backends."""
+
+    def __init__(self, total):
+        self.done, self.total = 0, total
+        self.width = len(str(total))
+
+    def follow(self, backend, stream):
+        """Print one line per case the worker reports on `stream` (its stdout, read in
+        a thread while the parent computes the reference); other lines are dropped."""
+        for line in stream:
+            if not line.startswith(PROGRESS):
+                continue
+            try:
+                event = json.loads(line[len(PROGRESS):])
+            except ValueError:
+                continue
+            self.done += 1
+            outcome = f"raised {event['error']}" if event.get("error") else \
+                f"{event['seconds']:.2f}s"
+            _progress(f"[parity] {self.done:{self.width}d}/{self.total} {backend} "
+                      f"{event['key']} {outcome}")
 
 
 def _write_arrays(path, cases):
@@ -111,6 +138,7 @@ def _run_workers(args, backends, cases, tmp):
 
     per_case = _write_arrays(os.path.join(tmp, "arrays.npz"), cases)
     results, metas, reference = {}, {}, None
+    counter = _Counter(len(backends) * len(args.dtypes) * len(cases))
     for backend in backends:
         request = {"arrays": os.path.join(tmp, "arrays.npz"),
                    "cases": [c.name for c in cases], "dtypes": args.dtypes,
@@ -124,14 +152,22 @@ def _run_workers(args, backends, cases, tmp):
         _progress(f"[parity] {backend}: running {len(cases)} cases x "
                   f"{len(args.dtypes)} dtype(s) on {args.device} ...")
         start = time.perf_counter()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "keras_attn.parity.worker", request_path],
-            env=_worker_env(backend, args.device), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
-        if reference is None:
-            reference = {name: reference_result(cases_by_name(cases)[name], *arrays)
-                         for name, arrays in per_case.items()}
-        stdout, stderr = process.communicate()
+        with open(os.path.join(tmp, f"{backend}.stderr"), "w+") as err:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "keras_attn.parity.worker", request_path],
+                env=_worker_env(backend, args.device), stdout=subprocess.PIPE,
+                stderr=err, text=True)
+            follower = threading.Thread(target=counter.follow, args=(backend, process.stdout),
+                                        daemon=True)
+            follower.start()
+            if reference is None:
+                reference = {name: reference_result(cases_by_name(cases)[name], *arrays)
+                             for name, arrays in per_case.items()}
+            process.wait()
+            follower.join()
+            process.stdout.close()
+            err.seek(0)
+            stderr = err.read()
         seconds = time.perf_counter() - start
         if process.returncode != 0 or not os.path.exists(request["meta"]):
             lines = stderr.strip().splitlines() or ["(no output)"]

@@ -31,6 +31,10 @@ from keras_attn.parity.cases import cotangent, get_cases, has_gradients
 from keras_attn.testing.weights import named_variables
 
 NO_GPU_EXIT = 2
+# Each case's progress line on stdout starts with this, then JSON: {"key":
+# "<dtype>/<case>", "seconds": ..., "error": "<exception type>" or null}.
+# `keras-attn parity` prints them with a running count; other output is ignored.
+PROGRESS = "keras-attn-parity-progress "
 
 
 def _policy(dtype):
@@ -187,6 +191,11 @@ def check_gpu():
     return 0
 
 
+def _report_progress(key, seconds, error=None):
+    print(PROGRESS + json.dumps({"key": key, "seconds": round(seconds, 3), "error": error}),
+          flush=True)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -215,12 +224,15 @@ def main(argv=None):
                      for g in ("inputs", "masks", "weights")}
             # Keep the inputs in the case's declared order.
             group["inputs"] = {n: group["inputs"][n] for n in case.shapes}
+            case_start = time.perf_counter()
             try:
                 runs = [run_case(case, dtype, **group, gradients=gradients)
                         for _ in range(max(1, request.get("repeat", 2)))]
             except Exception as error:  # recorded; the comparison reports it as FAIL
                 meta["errors"][key] = f"{type(error).__name__}: {error}"
+                _report_progress(key, time.perf_counter() - case_start, type(error).__name__)
                 continue
+            _report_progress(key, time.perf_counter() - case_start)
             meta["deterministic"][key] = all(_same_bits(runs[0], r) for r in runs[1:])
             for name, value in runs[0].items():
                 results[f"{key}/{name}"] = value
