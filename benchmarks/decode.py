@@ -29,6 +29,8 @@ over rounds. Target: cached per-token <= 1/5 of uncached on every backend.
 """
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -249,24 +251,104 @@ def table(results, spec):
     return "\n".join(lines)
 
 
+def _import_tree(root):
+    """Import `keras_attn` from checkout `root`, forgetting any other one already imported.
+
+    Layers built before keep working: their functions hold their own module globals.
+    """
+    import importlib
+
+    for name in [n for n in sys.modules if n == "keras_attn" or n.startswith("keras_attn.")]:
+        del sys.modules[name]
+    sys.path.insert(0, os.path.abspath(root))
+    try:
+        return importlib.import_module("keras_attn")
+    finally:
+        sys.path.pop(0)
+
+
+def _cached_steps(spec):
+    """The prefilled stack's `N` cached steps as a callable: its median step (s)."""
+    import numpy as np
+    from keras import ops
+
+    import keras_attn
+
+    backend, P, N, D = spec["backend"], spec["prompt"], spec["new"], spec["dim"]
+    stack = _stack(spec)
+    block = _block(backend)
+
+    def step(x_t, caches, index):
+        new = []
+        for layer, cache in zip(stack, caches, strict=True):
+            x_t, cache = layer(x_t, self_attention_cache=cache,
+                               self_attention_cache_update_index=index)
+            new.append(cache)
+        return x_t, new
+
+    cached_step = _compile(backend, step, [v for layer in stack for v in layer.weights])
+    x = ops.convert_to_tensor(
+        np.random.default_rng(0).standard_normal((1, P + N, D)).astype("float32"))
+    empty = [keras_attn.empty_cache(layer, 1, P + N) for layer in stack]
+    _, filled = block(cached_step(x[:, :P], empty, ops.convert_to_tensor(0, "int32")))
+    indices = [ops.convert_to_tensor(P + t, "int32") for t in range(N)]
+    tokens = [x[:, P + t:P + t + 1] for t in range(N)]
+    block(cached_step(tokens[0], filled, indices[0]))  # warm-up: compiles the step
+
+    def run():
+        caches, steps = filled, []
+        for t in range(N):
+            start = time.perf_counter()
+            y, caches = cached_step(tokens[t], caches, indices[t])
+            block(y)
+            steps.append(time.perf_counter() - start)
+        return statistics.median(steps)
+
+    return run
+
+
+def compare_worker(spec):
+    """Both checkouts' stacks in one process, their cached runs interleaved round by round."""
+    from keras_attn import _device
+
+    _device.single_cpu_thread_for_small_ops()
+    runs, files = {}, {}
+    for name, root in spec["trees"].items():
+        files[name] = _import_tree(root).__file__
+        runs[name] = _cached_steps(spec)
+    times = {name: [] for name in runs}
+    times["files"] = files
+    for r in range(spec["rounds"]):
+        order = list(runs) if r % 2 == 0 else list(reversed(runs))  # A B, B A, ...
+        for name in order:
+            times[name].append(runs[name]() * 1e3)
+    return times
+
+
 def compare(backends, spec, timeout, baseline):
-    """Baseline and this tree, interleaved (A B A B) per backend: cached step ratios."""
-    print("| backend | cached step, baseline (ms) | cached step, this tree (ms) | "
-          "this / baseline |\n|---|---|---|---:|")
+    """Baseline and this tree in one process per backend, interleaved: cached step ratios.
+
+    One worker builds the same stack from each checkout's `keras_attn` (this tree's
+    benchmark code, the same seed and inputs), then alternates their cached runs
+    (A B B A ...), so process-to-process variance (±20% here) does not enter the ratio.
+    """
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = {**spec, "rounds": max(spec["rounds"], 8),
+            "trees": {"baseline": os.path.abspath(baseline), "this": here}}
+    print(f"ms per cached step (median of each round's {spec['new']} steps), "
+          f"{spec['rounds']} interleaved rounds\n\n"
+          "| backend | baseline (ms, median) | this tree (ms, median) | this / baseline |\n"
+          "|---|---|---|---:|")
     for backend in backends:
-        runs = {"baseline": [], "this": []}
-        for _ in range(2):
-            for name, tree in (("baseline", baseline), ("this", None)):
-                print(f"[decode] {backend} {name} ...", file=sys.stderr, flush=True)
-                result = run_backend(backend, spec, timeout, tree)
-                if "error" in result:
-                    print(f"| {backend} | {name}: error {result['error']} | | |")
-                    return 1
-                runs[name].append(result["cached_median"])
-        before, after = (statistics.median(runs[n]) for n in ("baseline", "this"))
-        print(f"| {backend} | {' / '.join(f'{t:.2f}' for t in runs['baseline'])} | "
-              f"{' / '.join(f'{t:.2f}' for t in runs['this'])} | {after / before:.3f} |",
-              flush=True)
+        print(f"[decode] {backend} ...", file=sys.stderr, flush=True)
+        result = common.spawn("benchmarks.decode", {**spec, "backend": backend,
+                                                    "compare": True}, timeout)
+        if "error" in result:
+            print(f"| {backend} | error: {result['error']} | | |")
+            return 1
+        before, after = (statistics.median(result[n]) for n in ("baseline", "this"))
+        print(f"| {backend} | {before:.2f} | {after:.2f} | {after / before:.3f} |", flush=True)
+        print(f"[decode] {backend}: {result['files']}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -278,11 +360,12 @@ def main(argv=None):
                        json_help="write the results here")
     parser.add_argument("--baseline", default=None, metavar="DIR",
                         help="another checkout (e.g. a `git worktree` of the previous "
-                        "commit): its workers and this one's alternate, twice each per "
-                        "backend, and the cached steps are compared")
+                        "commit): one process per backend builds the stack from each checkout's "
+                        "keras_attn and alternates their cached steps")
     args = parser.parse_args(argv)
     if args.worker:
-        return common.worker_main(worker, args.worker)
+        chosen = compare_worker if json.loads(args.worker).get("compare") else worker
+        return common.worker_main(chosen, args.worker)
     spec = dict(QUICK if args.quick else DEFAULTS)
     if args.rounds:
         spec["rounds"] = args.rounds
