@@ -189,11 +189,16 @@ def record_path(path):
 # Evaluating the policy.
 
 
-def check_implementation(implementation):
-    """`implementation` is one of `IMPLEMENTATIONS`, else a `ValueError`."""
+def check_implementation(implementation, allow_callable=False):
+    """`implementation` is one of `IMPLEMENTATIONS` (or, for a layer, a callable), else a
+    `ValueError`."""
+    if allow_callable and callable(implementation):
+        return implementation
     if not isinstance(implementation, str) or implementation not in IMPLEMENTATIONS:
+        extra = " or a callable with the signature of scaled_dot_product_attention" * bool(
+            allow_callable)
         raise ValueError(
-            f"`implementation` must be one of {IMPLEMENTATIONS}. "
+            f"`implementation` must be one of {IMPLEMENTATIONS}{extra}. "
             f"Received: implementation={implementation!r}"
         )
     return implementation

@@ -283,7 +283,7 @@ def scaled_dot_product_attention(
 
 def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale=1.0,
            dropout_rate=0.0, seed=None, training=False, return_attention_scores=False,
-           window=None, soft_cap=None):
+           sliding_window=None, logit_soft_cap=None):
     """Run the chosen `path` on `(..., L, d)` tensors (already validated).
 
     `mask` is bool or None. Key/value may have fewer heads (axis -3) than the
@@ -299,7 +299,8 @@ def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale
         return empty_attention(query, key, value, return_attention_scores)
     if path == "fused":
         (query, key, value), lead = broadcast_lead([query, key, value])
-        return fused_attention(query, key, value, mask, bias, is_causal, scale, lead, window)
+        return fused_attention(query, key, value, mask, bias, is_causal, scale, lead,
+                               sliding_window)
     allowed = mask
     if bias is not None:
         allowed = combine_masks(mask, ops.greater(bias, float("-inf")))
@@ -307,18 +308,19 @@ def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale
     # heads without repeating the keys and values.
     key, value = zero_unattended_keys(key, value, allowed, key_axis=-2, group=group)
     if path == "blockwise":
+        block = block_size_for(score_lead(query, key), T, S,
+                               is_causal or sliding_window is not None)
         return blockwise_attention(query, key, value, mask=mask, bias=bias,
-                                   is_causal=is_causal, scale=scale,
-                                   block_size=block_size_for(score_lead(query, key), T, S,
-                                                             is_causal or window is not None),
-                                   sliding_window=window, logit_soft_cap=soft_cap)
+                                   is_causal=is_causal, scale=scale, block_size=block,
+                                   sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
     return explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_rate,
-                              seed, training, return_attention_scores, window, soft_cap)
+                              seed, training, return_attention_scores, sliding_window,
+                              logit_soft_cap)
 
 
-def attend_heads(query, key, value, *, mask=None, is_causal=False, window=None,
+def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
                  implementation="auto", dropout_rate=0.0, seed=None, training=False,
-                 return_attention_scores=False, soft_cap=None, cached=False):
+                 return_attention_scores=False, cached=False):
     """The attention of projected heads in the layers' `(B, L, heads, d)` layout.
 
     What `keras_attn.MultiHeadAttention` calls: the policy picks the path for
@@ -328,7 +330,16 @@ def attend_heads(query, key, value, *, mask=None, is_causal=False, window=None,
     Args:
         query: `(B, T, H, d_k)`; key: `(B, S, H_kv, d_k)`; value:
             `(B, S, H_kv, d_v)`.
+        options: the `keras_attn.options.AttentionOptions` that act here
+            (`sliding_window`, `logit_soft_cap`, `scale`); the projections
+            have applied the others.
         mask: bool broadcastable to `(B, H, T, S)`, or None.
+        implementation: a path's name, or a callable with the signature of
+            `scaled_dot_product_attention` (flax's `attention_fn`): it gets
+            heads-first `(B, H, T, d_k)` queries and `(B, H_kv, S, d)` keys
+            and values, every keyword that function takes but
+            `implementation`, and returns `(B, H, T, d_v)` (and the weights
+            `(B, H, T, S)` with `return_attention_scores=True`).
 
     Returns:
         `(attended, scores or None, heads_first)`: attended is
@@ -336,22 +347,40 @@ def attend_heads(query, key, value, *, mask=None, is_causal=False, window=None,
     """
     (B, T, H, d_k), S = static_shape(query), static_shape(key)[1]
     training = bool(training)
+    scale = options.scale or 1.0 / math.sqrt(d_k)
+    keywords = dict(mask=mask, is_causal=is_causal, scale=scale, dropout_rate=dropout_rate,
+                    seed=seed, training=training,
+                    return_attention_scores=bool(return_attention_scores),
+                    sliding_window=options.sliding_window, logit_soft_cap=options.logit_soft_cap)
+    if callable(implementation):
+        query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
+        return (*_attention_fn_result(implementation, implementation(query, key, value, **keywords),
+                                      return_attention_scores), True)
     path = select_implementation(
         implementation, lead=(B, H), T=T, S=S, has_mask=mask is not None, has_bias=False,
         is_causal=is_causal,
         needs_weights=bool(return_attention_scores) or (training and dropout_rate > 0.0),
-        symbolic=isinstance(query, keras.KerasTensor), has_window=window is not None,
-        has_soft_cap=soft_cap is not None, device=device_kind(query), cached=cached,
-        backend=keras.backend.backend())
-    scale = 1.0 / math.sqrt(d_k)
+        symbolic=isinstance(query, keras.KerasTensor),
+        has_window=options.sliding_window is not None,
+        has_soft_cap=options.logit_soft_cap is not None, device=device_kind(query),
+        cached=cached, backend=keras.backend.backend())
     if path == "fused" and 0 not in (T, S):
         # Keras's (B, T, H, d) layout: no transposes on our side.
         return fused_attention_bthd(query, key, value, mask=mask, is_causal=is_causal,
-                                    scale=scale, window=window), None, False
+                                    scale=scale, sliding_window=options.sliding_window), None, False
     query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
-    attended = attend(
-        path, query, key, value, mask=mask, is_causal=is_causal, scale=scale,
-        dropout_rate=dropout_rate, seed=seed, training=training,
-        return_attention_scores=bool(return_attention_scores), window=window, soft_cap=soft_cap)
+    attended = attend(path, query, key, value, **keywords)
     attended, scores = attended if return_attention_scores else (attended, None)
     return attended, scores, True
+
+
+def _attention_fn_result(fn, result, return_attention_scores):
+    """`(attended, scores or None)` from a callable `implementation`, checked."""
+    if not return_attention_scores:
+        return result, None
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise ValueError(
+            "With `return_attention_scores=True`, a callable `implementation` must return "
+            f"`(output, weights)`, as scaled_dot_product_attention does. Received from "
+            f"{getattr(fn, '__name__', fn)!r}: {type(result).__name__}")
+    return tuple(result)

@@ -32,7 +32,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn._masks import positional_mask
+from keras_attn._masks import combine_masks, positional_mask
 from keras_attn._policy import record_path
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Tensor
@@ -46,7 +46,9 @@ __all__ = [
     "check_cache_update_index",
     "check_generation_slots",
     "empty_cache",
+    "fold_positions",
     "generation_slots",
+    "check_index_has_cache",
     "index_in_range",
     "poison",
     "positions",
@@ -206,6 +208,16 @@ def check_generation_slots(max_length, new_length, layer_name):
 _GENERATION = contextvars.ContextVar("keras_attn_generation_slots", default=None)
 
 
+def check_index_has_cache(cache, cache_update_index):
+    """An index says where to write into a cache: without one it is an error."""
+    if cache is None and cache_update_index is not None:
+        raise ValueError(
+            "`cache_update_index` is where new keys are written into `cache`; without "
+            "a cache it has no meaning. Pass `cache=` (see `keras_attn.empty_cache`) "
+            f"or drop the index. Received: cache=None, "
+            f"cache_update_index={cache_update_index!r}")
+
+
 def check_cache_call(cache, batch_size, kv_heads, key_dim, value_dim, key_shape,
                      cache_update_index, layer_name):
     """Everything about a call with a cache, before any computation.
@@ -269,6 +281,24 @@ def positions(T, new_length, start=0):
     end = start + new_length  # one past the last key's position
     return (ops.arange(T, dtype="int32") + (end - T),
             ops.arange(new_length, dtype="int32") + start)
+
+
+def fold_positions(mask, T, S_max, cache_update_index, new_length, is_causal, window):
+    """`(mask, in_range)` of a call over a cache: the positional rules folded into `mask`.
+
+    Positions over the cache follow `cache_update_index`, which may be
+    traced, so the causal / window / written-slots mask `(T, S_max)` is built
+    explicitly and ANDed into `mask` (`(B|1, H|1, T, S_max)` or None).
+    `new_length` is S_new (None: a read-only call). `in_range` is None, or,
+    for a traced index, the bool tensor that `index_in_range` gives: a
+    traced index cannot be range-checked now, and out of range gives NaN.
+    """
+    mask = combine_masks(mask, cached_positional_mask(
+        T, S_max, cache_update_index, new_length, is_causal, window))
+    in_range = None
+    if new_length is not None and not isinstance(cache_update_index, int):
+        in_range = index_in_range(cache_update_index, new_length, S_max)
+    return mask, in_range
 
 
 def write(cache, keys, values, cache_update_index, in_range=None):

@@ -1,11 +1,13 @@
 """`AttentionOptions`: the options of attention, validated once, one name each.
 
 Grouped key/value heads, rotary position embeddings, a sliding window, a
-logit soft-cap and qk-norm travel together from a layer's constructor down to
+logit soft-cap, qk-norm and the logit scale travel together from a layer's constructor down to
 the kernels. They live in one frozen object so that a new option is a field
 here (its check and its config entry), its effect where it acts, and nothing
 in between: `MultiHeadAttention` and the Transformer blocks hold one, and pass
-it on instead of re-listing its fields.
+it on instead of re-listing its fields. A field added here is a keyword
+argument of those layers and an entry of their configs at once
+(`pop_options`), with no change to the layers.
 
 Names are the public arguments' (the same as keras-hub's and Hugging Face's
 where those have them); `H` is `num_heads`, `d` the head width.
@@ -15,7 +17,7 @@ import dataclasses
 
 from keras_attn._validation import check_positive_float, check_positive_int
 
-__all__ = ["AttentionOptions"]
+__all__ = ["AttentionOptions", "expose_options", "pop_options"]
 
 QK_NORMS = (None, "rms", "layer")
 
@@ -37,6 +39,11 @@ class AttentionOptions:
         qk_norm: None, `"rms"` or `"layer"`: normalise each head's queries
             and keys over d before RoPE.
         qk_norm_epsilon: epsilon of the qk norms (> 0).
+        scale: the multiplier of the logits `q . k` (> 0), or None for
+            `1 / sqrt(d_k)`: `scale` of `keras_attn.scaled_dot_product_attention`,
+            `torch.nn.functional.scaled_dot_product_attention` and
+            `keras.ops.dot_product_attention` (Gemma's
+            `query_pre_attn_scalar ** -0.5`).
 
     Example:
 
@@ -57,6 +64,7 @@ class AttentionOptions:
     logit_soft_cap: float | None = None
     qk_norm: str | None = None
     qk_norm_epsilon: float = 1e-6
+    scale: float | None = None
 
     def __post_init__(self):
         checked = {
@@ -72,6 +80,7 @@ class AttentionOptions:
             "logit_soft_cap": check_positive_float(
                 "logit_soft_cap", self.logit_soft_cap, allow_none=True),
             "qk_norm_epsilon": check_positive_float("qk_norm_epsilon", self.qk_norm_epsilon),
+            "scale": check_positive_float("scale", self.scale, allow_none=True),
         }
         if self.qk_norm not in QK_NORMS:
             raise ValueError(
@@ -97,10 +106,29 @@ class AttentionOptions:
                 f"`rope_max_wavelength` is set. Received: key_dim={key_dim}")
         return dataclasses.replace(self, num_key_value_heads=kv_heads)
 
-    def get_config(self, epsilon=True):
-        """The fields as a layer's config entries (`epsilon=False` leaves out
-        `qk_norm_epsilon`, which the blocks do not take)."""
-        config = dataclasses.asdict(self)
-        if not epsilon:
-            del config["qk_norm_epsilon"]
-        return config
+    def get_config(self):
+        """The fields as a layer's config entries (each under its argument's name)."""
+        return dataclasses.asdict(self)
+
+
+FIELDS = tuple(field.name for field in dataclasses.fields(AttentionOptions))
+
+
+def pop_options(kwargs, **given):
+    """`AttentionOptions(**given, **<the fields found in kwargs>)`, popping those from kwargs.
+
+    The layers list the options they had when they were released as named
+    arguments (`given`); any other field arrives in their `**kwargs` (and
+    from their configs) and is taken from there before the base layer sees
+    `kwargs`.
+    """
+    found = {name: kwargs.pop(name) for name in FIELDS if name in kwargs and name not in given}
+    return AttentionOptions(**given, **found)
+
+
+def expose_options(cls):
+    """Give `cls` a read-only property per field: `layer.<name>` is `layer.options.<name>`."""
+    for name in FIELDS:
+        setattr(cls, name, property(lambda self, name=name: getattr(self.options, name),
+                                    doc=f"`self.options.{name}` (`AttentionOptions`)."))
+    return cls

@@ -75,6 +75,7 @@ OPTIONS = {
     "soft_cap": dict(logit_soft_cap=1.5),
     "qk_rms_rope": dict(qk_norm="rms", rope_max_wavelength=10000.0, num_key_value_heads=2),
     "qk_layer": dict(qk_norm="layer"),
+    "scale_gqa": dict(scale=1.3, num_key_value_heads=2),
 }
 
 
@@ -108,6 +109,8 @@ def test_mha_option_errors():
         keras_attn.MultiHeadAttention(4, 5, rope_max_wavelength=10000)
     with pytest.raises(ValueError, match=r"Received: sliding_window=0"):
         keras_attn.MultiHeadAttention(4, 8, sliding_window=0)
+    with pytest.raises(ValueError, match=r"Received: scale=0"):
+        keras_attn.MultiHeadAttention(4, 8, scale=0)
     with pytest.raises(ValueError, match=r"Received: logit_soft_cap=0"):
         keras_attn.MultiHeadAttention(4, 8, logit_soft_cap=0)
     with pytest.raises(ValueError, match=r"Received: qk_norm='batch'"):

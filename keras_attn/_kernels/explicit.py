@@ -45,7 +45,8 @@ def _masked_softmax(logits, allowed):
 
 
 def explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
-                       training, return_attention_scores, window=None, soft_cap=None):
+                       training, return_attention_scores, sliding_window=None,
+                       logit_soft_cap=None):
     """Materialised logits and weights `(..., T, S)`; softmax in float32 at least."""
     compute = softmax_dtype(query.dtype)
     q, k = ops.cast(query, compute), ops.cast(key, compute)
@@ -68,12 +69,12 @@ def explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_
         logits = ops.matmul(q, ops.swapaxes(k, -1, -2)) * scale  # (..., T, S) or (..., H_kv, G*T, S)
     if group > 1:
         logits = ops.reshape(logits, (*lead, H, T, -1))  # (..., H, T, S)
-    if soft_cap is not None:
-        logits = soft_cap * ops.tanh(logits / soft_cap)
+    if logit_soft_cap is not None:
+        logits = logit_soft_cap * ops.tanh(logits / logit_soft_cap)
     if bias is not None:
         logits = logits + ops.cast(bias, compute)
     allowed = combine_masks(
-        mask, positional_mask(ops.shape(query)[-2], ops.shape(key)[-2], is_causal, window))
+        mask, positional_mask(ops.shape(query)[-2], ops.shape(key)[-2], is_causal, sliding_window))
     weights = ops.cast(_masked_softmax(logits, allowed), value.dtype)  # (..., T, S)
     attended = weights
     if training and dropout_rate > 0.0:

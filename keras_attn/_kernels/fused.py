@@ -51,7 +51,7 @@ def _kernel_keeps_half_precision(x):
 
 
 def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=False, scale=None,
-                         window=None):
+                         sliding_window=None):
     """`keras.ops.dot_product_attention` with keras_attn's mask semantics.
 
     Layout `(B, T, H, d)` (heads after time, as `keras.ops.dot_product_attention`
@@ -63,7 +63,7 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
     fully masked row, which gives NaN on PyTorch and a uniform row on JAX and
     TensorFlow) and zeroed after it, which keeps values and gradients finite.
     Keys that no query may attend are zeroed (`zero_unattended_keys`). A
-    sliding `window` is folded into the mask. Key/value heads fewer than the
+    `sliding_window` is folded into the mask. Key/value heads fewer than the
     query's (grouped heads) are repeated to match.
     Half precision runs the kernel in float32 unless it is a GPU kernel that
     accumulates in float32 (`_kernel_keeps_half_precision`).
@@ -83,17 +83,19 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
         pad = [[0, 0], [0, 0], [0, 0]]
         query, key = (ops.pad(x, pad + [[0, width - d_k]]) for x in (query, key))
         value = ops.pad(value, pad + [[0, width - d_v]])
-        output = fused_attention_bthd(query, key, value, mask, bias, is_causal, scale, window)
+        output = fused_attention_bthd(query, key, value, mask, bias, is_causal, scale,
+                                      sliding_window)
         return ops.cast(output[..., :d_v], out_dtype)
     heads, kv_heads = static_shape(query)[2], static_shape(key)[2]
     group = heads // kv_heads if None not in (heads, kv_heads) else 1
     T, S = static_shape(query)[1], static_shape(key)[1]
-    use_flag = (bool(is_causal) and window is None and mask is None and bias is None
+    use_flag = (bool(is_causal) and sliding_window is None and mask is None and bias is None
                 and T is not None and T == S)
     allowed = None if mask is None else to_rank(ops.cast(mask, "bool"), 4)
     if not use_flag:
         allowed = combine_masks(
-            allowed, positional_mask(ops.shape(query)[1], ops.shape(key)[1], is_causal, window))
+            allowed, positional_mask(ops.shape(query)[1], ops.shape(key)[1], is_causal,
+                                     sliding_window))
     if bias is not None:
         bias = to_rank(ops.cast(bias, query.dtype), 4)
         allowed = combine_masks(allowed, ops.greater(bias, float("-inf")))
@@ -119,7 +121,7 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
     return ops.cast(output, out_dtype)
 
 
-def fused_attention(query, key, value, mask, bias, is_causal, scale, lead, window=None):
+def fused_attention(query, key, value, mask, bias, is_causal, scale, lead, sliding_window=None):
     """The fused path for the `(..., T, d)` layout of the functional core.
 
     `query`, `key`, `value` already share the leading dims `lead`.
@@ -149,7 +151,7 @@ def fused_attention(query, key, value, mask, bias, is_causal, scale, lead, windo
         query, key, value = (to_rank(x, 4) for x in (query, key, value))
     q, k, v = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, L, H, d)
     out = fused_attention_bthd(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                               window=window)
+                               sliding_window=sliding_window)
     out = ops.swapaxes(out, 1, 2)  # (B, H, T, d_v)
     if n > 2:
         return ops.reshape(out, tuple(lead) + (T, d_v))

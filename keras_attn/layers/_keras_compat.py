@@ -6,8 +6,10 @@ arguments; `_compute_attention` is Keras's documented hook for subclasses
 length, H heads, H_kv key/value heads, d_k / d_v head widths.
 """
 
+import keras
 from keras import ops
 
+from keras_attn._policy import check_implementation
 from keras_attn._shapes import static_shape
 from keras_attn._validation import (
     as_bool_mask,
@@ -20,6 +22,9 @@ from keras_attn.attention import causal_mask, combine_masks, sliding_window_mask
 
 __all__ = [
     "call_keras_hook",
+    "implementation_config",
+    "output_spec",
+    "implementation_from_config",
     "check_attention_axes",
     "check_flash_attention",
     "check_inputs",
@@ -66,12 +71,31 @@ def check_attention_axes(attention_axes):
         )
 
 
+def implementation_from_config(implementation):
+    """`implementation` checked: a path's name, or a callable (also as its serialised config).
+
+    A callable has `keras_attn.scaled_dot_product_attention`'s signature, as
+    flax's `attention_fn`; to be saved in a `.keras` file it must be
+    registered (`keras.saving.register_keras_serializable`).
+    """
+    if isinstance(implementation, dict):  # from a config: a registered function
+        implementation = keras.saving.deserialize_keras_object(implementation)
+    return check_implementation(implementation, allow_callable=True)
+
+
+def implementation_config(implementation):
+    """The config entry of `implementation` (a callable's serialised form)."""
+    if callable(implementation):
+        return keras.saving.serialize_keras_object(implementation)
+    return implementation
+
+
 def implementation_from_flash(implementation, flash_attention):
     """Keras's `flash_attention` flag in terms of `implementation`."""
     if flash_attention is None:
         return implementation
     wanted = "fused" if flash_attention else "explicit"
-    if implementation not in ("auto", wanted):
+    if callable(implementation) or implementation not in ("auto", wanted):
         raise ValueError(
             f"`flash_attention={flash_attention}` means implementation='{wanted}', which "
             f"conflicts with implementation='{implementation}'. Give one of them. "
@@ -111,7 +135,8 @@ def call_keras_hook(layer, query, key, value, mask, training, return_attention_s
     aligned), so its `use_causal_mask` is False.
 
     Returns:
-        `(output (B, T, H, d_v), scores or None)`.
+        `(output (B, T, H, d_v), scores or None, False)`: False for "not heads-first",
+        as `keras_attn.attention.attend_heads` says it.
     """
     group = layer.num_heads // layer.num_key_value_heads
     if group > 1:
@@ -125,7 +150,7 @@ def call_keras_hook(layer, query, key, value, mask, training, return_attention_s
     output, scores = layer._compute_attention(
         query, key, value, attention_mask=mask, training=training,
         return_attention_scores=return_attention_scores, use_causal_mask=False)
-    return output, scores
+    return output, scores, False
 
 
 def resolve_inputs(query, value, key, query_mask, value_mask, key_mask, cache, read_only):
@@ -204,3 +229,21 @@ def merge_masks(B, T, S, H, attention_mask, key_padding):
             key_padding = ops.expand_dims(key_padding, 0)  # (1, S)
         key_padding = ops.expand_dims(ops.expand_dims(key_padding, 1), 1)  # (B|1, 1, 1, S)
     return combine_masks(attention_mask, key_padding)
+
+
+def output_spec(layer, query, value, key, return_attention_scores, cache):
+    """`compute_output_spec` of the layer: output, scores, cache as `KerasTensor`s.
+
+    Keras calls it on symbolic inputs (a Functional model); the tuple mirrors
+    what `call` returns.
+    """
+    source = value if value is not None else (key if key is not None else query)
+    results = (keras.KerasTensor(layer.compute_output_shape(query.shape),
+                                 dtype=layer.compute_dtype),)
+    if return_attention_scores:
+        S = source.shape[1] if cache is None else cache.shape[2]
+        results += (keras.KerasTensor((query.shape[0], layer.num_heads, query.shape[1], S),
+                                      dtype=layer.compute_dtype),)
+    if cache is not None:
+        results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+    return results if len(results) > 1 else results[0]

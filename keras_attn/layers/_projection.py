@@ -11,8 +11,36 @@ import keras
 from keras import ops
 
 from keras_attn.layers._common import clone_initializer
+from keras_attn.rotary import rotary_embedding
 
-__all__ = ["dense", "einsum_sums_in_float32", "project_heads", "project_output", "qk_norm_layer"]
+__all__ = ["dense", "dense_config", "einsum_sums_in_float32", "project_heads", "project_output",
+           "qk_norm_layer", "rope", "set_dense_arguments"]
+
+_DENSE_ARGUMENTS = {f"{part}_{kind}": module
+                    for kind, module in (("initializer", keras.initializers),
+                                         ("regularizer", keras.regularizers),
+                                         ("constraint", keras.constraints))
+                    for part in ("kernel", "bias")}
+
+
+def set_dense_arguments(layer, **arguments):
+    """`layer.kernel_initializer = keras.initializers.get(...)`, and so on for the six
+    `Dense` arguments (`kernel_` / `bias_` + initializer, regularizer, constraint)."""
+    for name, value in arguments.items():
+        setattr(layer, name, _DENSE_ARGUMENTS[name].get(value))
+
+
+def dense_config(layer):
+    """The six `Dense` arguments of `layer`, serialised for its config."""
+    return {name: module.serialize(getattr(layer, name))
+            for name, module in _DENSE_ARGUMENTS.items()}
+
+
+def rope(x, positions, options):
+    """`keras_attn.rotary_embedding` of `(B, L, heads, d)` heads with the options' RoPE."""
+    return rotary_embedding(x, positions, max_wavelength=options.rope_max_wavelength,
+                            scaling_factor=options.rope_scaling_factor,
+                            interleaved=options.rope_interleaved)
 
 
 def dense(layer, units, name):

@@ -4,13 +4,13 @@ from collections.abc import Callable
 
 import keras
 
-from keras_attn._policy import check_implementation
 from keras_attn._typing import Initializer
 from keras_attn._validation import check_dropout, check_positive_int
+from keras_attn.layers import _keras_compat as compat
 from keras_attn.layers._common import clone_initializer
 from keras_attn.layers.feed_forward import PositionwiseFeedForward
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
-from keras_attn.options import AttentionOptions
+from keras_attn.options import pop_options
 
 __all__ = ["TransformerLayerBase"]
 
@@ -44,7 +44,7 @@ class TransformerLayerBase(keras.layers.Layer):
         normalization: str = "layer",
         use_bias: bool = True,
         gated_feed_forward: bool = False,
-        implementation: str = "auto",
+        implementation: str | Callable = "auto",
         attention_dropout: float = 0.0,
         **kwargs,
     ) -> None:
@@ -57,6 +57,12 @@ class TransformerLayerBase(keras.layers.Layer):
                 f"intermediate_dim=...). Received: {len(args)} extra positional "
                 f"argument(s) {args!r}"
             )
+        # The self-attention's options (any further `AttentionOptions` field comes in kwargs).
+        options = pop_options(
+            kwargs, num_key_value_heads=num_key_value_heads,
+            rope_max_wavelength=rope_max_wavelength, rope_scaling_factor=rope_scaling_factor,
+            rope_interleaved=rope_interleaved, sliding_window=sliding_window,
+            logit_soft_cap=logit_soft_cap, qk_norm=qk_norm)
         super().__init__(**kwargs)
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
@@ -78,14 +84,9 @@ class TransformerLayerBase(keras.layers.Layer):
         self.normalization = normalization
         self.use_bias = bool(use_bias)
         self.gated_feed_forward = bool(gated_feed_forward)
-        self.implementation = check_implementation(implementation)
+        self.implementation = compat.implementation_from_config(implementation)
         self.attention_dropout = check_dropout("attention_dropout", attention_dropout)
-        # The self-attention's options, checked now rather than at build.
-        self.options = AttentionOptions(
-            num_key_value_heads=num_key_value_heads, rope_max_wavelength=rope_max_wavelength,
-            rope_scaling_factor=rope_scaling_factor, rope_interleaved=rope_interleaved,
-            sliding_window=sliding_window, logit_soft_cap=logit_soft_cap, qk_norm=qk_norm,
-        ).for_heads(self.num_heads, self.key_dim)
+        self.options = options.for_heads(self.num_heads, self.key_dim)
         self.supports_masking = True
 
     def _head_dim(self, model_dim):
@@ -109,7 +110,7 @@ class TransformerLayerBase(keras.layers.Layer):
 
     def _attention(self, name, model_dim, query_shape, key_shape, self_attention=True):
         """An attention sublayer; the GQA/RoPE/window/cap/qk-norm options are self-attention's."""
-        options = self.options.get_config(epsilon=False) if self_attention else {}
+        options = self.options.get_config() if self_attention else {}
         layer = MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=self._head_dim(model_dim),
@@ -214,11 +215,11 @@ class TransformerLayerBase(keras.layers.Layer):
             "normalize_first": self.normalize_first,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            **self.options.get_config(epsilon=False),
+            **self.options.get_config(),
             "normalization": self.normalization,
             "use_bias": self.use_bias,
             "gated_feed_forward": self.gated_feed_forward,
-            "implementation": self.implementation,
+            "implementation": compat.implementation_config(self.implementation),
             "attention_dropout": self.attention_dropout,
         })
         return config

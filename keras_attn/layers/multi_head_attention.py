@@ -1,71 +1,58 @@
-"""Multi-head attention (paper Section 3.2.2) as a Keras layer.
-
-`call`: resolve the inputs (`_keras_compat`) -> check them and the cache
-(`keras_attn.cache`) -> project and write the cache (`_projection`) ->
-attention (`_compute_attention`, if overridden) -> output projection.
+"""Multi-head attention (paper Section 3.2.2) as a Keras layer. `call`: resolve the inputs
+(`_keras_compat`) -> check them and the cache (`keras_attn.cache`) -> project and write the
+cache (`_projection`) -> attention (`_compute_attention`, if overridden) -> output projection.
 """
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import keras
 from keras import ops
 
 from keras_attn import cache as kv_cache
-from keras_attn._policy import check_implementation
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Initializer
 from keras_attn._validation import as_bool_mask, check_dropout, check_positive_int, check_rank
 from keras_attn.attention import attend_heads, combine_masks
 from keras_attn.layers import _keras_compat as compat
 from keras_attn.layers import _projection as projection
-from keras_attn.options import AttentionOptions
-from keras_attn.rotary import rotary_embedding
+from keras_attn.options import expose_options, pop_options
 
 __all__ = ["MultiHeadAttention"]
-
-_OPTION_NAMES = tuple(AttentionOptions.__dataclass_fields__)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention, with masks that are never silently dropped.
 
-    `output = concat(head_1, ..., head_H) W_o`, where
-    `head_h = attention(query W_q^h, key W_k^h, value W_v^h)` and attention is
-    `keras_attn.scaled_dot_product_attention`.
+    `output = concat(head_1, ..., head_H) W_o`, `head_h = attention(query W_q^h,
+    key W_k^h, value W_v^h)`, attention `keras_attn.scaled_dot_product_attention`.
 
     A drop-in for `keras.layers.MultiHeadAttention`: the same call order
-    `(query, value, key)`, with `key` defaulting to `value`, the same mask
-    arguments and the same constructor names (`output_shape`,
+    `(query, value, key)`, masks and constructor names (`output_shape`,
     `attention_axes` for the default axis, regularizers, constraints,
-    `seed`). Weights of a Keras layer are brought over with
-    `keras_attn.convert.multi_head_attention_from_keras`. Deliberate
-    differences:
+    `seed`); `keras_attn.convert.multi_head_attention_from_keras` brings a
+    Keras layer's weights. Deliberate differences (also in the docs):
 
-    - With `use_causal_mask=True` and `T != S`, causal masking is aligned to
-      the bottom-right corner (query `i` attends key `j <= i + S - T`: the
-      `T` queries are the last `T` positions, as for new tokens over a
-      cache); Keras's layer aligns it to the top-left (`j <= i`). With
-      `T == S` both are the usual lower triangle.
-    - The query's Keras mask (`query_mask`) marks padded query rows on the
-      output but does not mask them inside attention: a padded query still
-      attends the real keys (Keras's layer masks the whole row).
+    - `use_causal_mask=True` with `T != S` is bottom-right aligned (query
+      `i` attends key `j <= i + S - T`, as new tokens over a cache); Keras
+      aligns it top-left (`j <= i`). With `T == S` both are the usual triangle.
+    - A padded query (`query_mask`) still attends the real keys; its output
+      row carries the mask (Keras masks the whole row).
     - `value` may be omitted: `layer(x)` is self-attention.
-    - A floating `attention_mask` raises a `ValueError` (Keras casts it):
-      a 0/1 keep-mask and an additive 0/-inf mask look alike.
+    - A floating `attention_mask` is a `ValueError` (Keras casts it): a 0/1
+      keep-mask and an additive 0/-inf mask look alike.
 
-    Shapes: B batch, T query length, S key/value length, H `num_heads`,
-    q_dim, k_dim, v_dim the widths of query, key and value (they may all
-    differ), d_k `key_dim`, d_v `value_dim`.
+    Shapes: B batch, T query / S key length, H `num_heads`, q_dim, k_dim,
+    v_dim the input widths, d_k `key_dim`, d_v `value_dim`.
 
-    Weight layout: the sublayers are `keras.layers.Dense` named
-    `query_dense` (kernel `(q_dim, H * d_k)`), `key_dense`
-    (`(k_dim, H * d_k)`), `value_dense` (`(v_dim, H * d_v)`) and
-    `output_dense` (`(H * d_v, output_dim)`). Head `h` owns columns
-    `[h * d_k, (h + 1) * d_k)` of the query and key kernels (and likewise for
-    values). Keras's layer keeps the same numbers as `(q_dim, H, d_k)`
-    `EinsumDense` kernels; `torch.nn.MultiheadAttention` keeps their
-    transposes (see `keras_attn.convert`).
+    Weights: `keras.layers.Dense` sublayers `query_dense` (kernel
+    `(q_dim, H * d_k)`), `key_dense` (`(k_dim, H_kv * d_k)`), `value_dense`
+    (`(v_dim, H_kv * d_v)`) and `output_dense` (`(H * d_v, output_dim)`);
+    head `h` owns columns `[h * d, (h + 1) * d)`. Keras keeps the same
+    numbers as `(q_dim, H, d_k)` `EinsumDense` kernels, `torch.nn` their
+    transposes (`keras_attn.convert`).
 
     Args:
         num_heads: H, the number of attention heads.
@@ -79,9 +66,11 @@ class MultiHeadAttention(keras.layers.Layer):
             dense kernels and biases, as in `keras.layers.Dense`.
         seed: int seed of the attention dropout.
         implementation: `"auto"` (default), `"fused"`, `"blockwise"` or
-            `"explicit"`; see `keras_attn.scaled_dot_product_attention`.
-            The fused path keeps the projections in `(B, T, H, d)` layout.
-            Attention scores and attention dropout use the explicit path.
+            `"explicit"` (see `keras_attn.scaled_dot_product_attention`;
+            scores and attention dropout use the explicit path), or a callable
+            with that function's signature (flax's `attention_fn`) called on
+            heads-first `(B, H|H_kv, L, d)` tensors; saved when registered
+            (`keras.saving.register_keras_serializable`).
         output_shape: Keras's name for the output width: an int or a
             1-tuple (a multi-dimensional one is not supported).
         attention_axes: Keras's argument; only the default (`None`, or the
@@ -92,7 +81,7 @@ class MultiHeadAttention(keras.layers.Layer):
             `"explicit"`.
         num_key_value_heads, rope_max_wavelength, rope_scaling_factor,
             rope_interleaved, sliding_window, logit_soft_cap, qk_norm,
-            qk_norm_epsilon: the attention options, see
+            qk_norm_epsilon, and by keyword any other field (`scale`): see
             `keras_attn.options.AttentionOptions` (GQA: query head n uses
             key/value head `n // (H / H_kv)`, as Keras's
             `GroupQueryAttention`; RoPE on queries and keys after qk-norm,
@@ -131,16 +120,12 @@ class MultiHeadAttention(keras.layers.Layer):
             values, after qk-norm and RoPE; `keras_attn.empty_cache`), or
             None; `value_dim` must equal `key_dim`. Attention then runs over
             the S_max slots: the masks' key axis is exactly S_max.
-        cache_update_index: where the S_new new keys and values (from
-            `key`/`value`, the query for self-attention) are written: an int
-            or a scalar int tensor (one compiled step serves every index).
-            A known index must be in `[0, S_max - S_new]` (`ValueError`); a
-            traced one out of range makes the output NaN. Positions follow
-            the index (`keras_attn.cache`: RoPE, causal and window alike)
-            and unwritten slots are never attended. None with a cache:
-            read-only (cross-attention), every slot counts as written (fill
-            it whole, or mask the rest with `key_mask`). An index without a
-            cache is a `ValueError`.
+        cache_update_index: an int or scalar int tensor: where the S_new new
+            keys and values are written, in `[0, S_max - S_new]` (else a
+            `ValueError`, or NaN output for a traced index). Positions (RoPE,
+            causal, window) follow it; unwritten slots are never attended.
+            None with a cache: read-only (cross-attention), every slot counts
+            as written (fill it whole, or mask the rest with `key_mask`).
 
     Returns:
         The output `(B, T, output_dim)`, and with
@@ -166,7 +151,7 @@ class MultiHeadAttention(keras.layers.Layer):
                  kernel_initializer: Initializer = "glorot_uniform",
                  bias_initializer: Initializer = "zeros", kernel_regularizer: Any = None,
                  bias_regularizer: Any = None, seed: int | None = None,
-                 implementation: str = "auto", output_shape: int | tuple | None = None,
+                 implementation: str | Callable = "auto", output_shape: int | tuple | None = None,
                  attention_axes: int | tuple | None = None, kernel_constraint: Any = None,
                  bias_constraint: Any = None, flash_attention: bool | None = None,
                  num_key_value_heads: int | None = None,
@@ -174,6 +159,11 @@ class MultiHeadAttention(keras.layers.Layer):
                  rope_interleaved: bool = False, sliding_window: int | None = None,
                  logit_soft_cap: float | None = None, qk_norm: str | None = None,
                  qk_norm_epsilon: float = 1e-6, **kwargs) -> None:
+        options = pop_options(  # any further AttentionOptions field comes in kwargs
+            kwargs, num_key_value_heads=num_key_value_heads,
+            rope_max_wavelength=rope_max_wavelength, rope_scaling_factor=rope_scaling_factor,
+            rope_interleaved=rope_interleaved, sliding_window=sliding_window,
+            logit_soft_cap=logit_soft_cap, qk_norm=qk_norm, qk_norm_epsilon=qk_norm_epsilon)
         super().__init__(**kwargs)
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.key_dim = check_positive_int("key_dim", key_dim)
@@ -182,23 +172,18 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_dim = compat.output_dim_from_shape(output_dim, output_shape)
         self.dropout = check_dropout("dropout", dropout)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.kernel_constraint = keras.constraints.get(kernel_constraint)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
+        projection.set_dense_arguments(
+            self, kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer, bias_regularizer=bias_regularizer,
+            kernel_constraint=kernel_constraint, bias_constraint=bias_constraint)
         compat.check_attention_axes(attention_axes)
         compat.check_flash_attention(flash_attention, self.dropout)
         self._flash_attention = bool(flash_attention)
         self.seed = seed
         self.implementation = compat.implementation_from_flash(
-            check_implementation(implementation), flash_attention)
+            compat.implementation_from_config(implementation), flash_attention)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
-        self.options = AttentionOptions(
-            num_key_value_heads, rope_max_wavelength, rope_scaling_factor, rope_interleaved,
-            sliding_window, logit_soft_cap, qk_norm, qk_norm_epsilon,
-        ).for_heads(self.num_heads, self.key_dim)
+        self.options = options.for_heads(self.num_heads, self.key_dim)
         self.supports_masking = True
 
     @property
@@ -234,12 +219,7 @@ class MultiHeadAttention(keras.layers.Layer):
              use_causal_mask=False, mask=None, cache=None, cache_update_index=None):
         compat.check_flash_attention(self._flash_attention,
                                      return_attention_scores=return_attention_scores)
-        if cache is None and cache_update_index is not None:
-            raise ValueError(
-                "`cache_update_index` is where new keys are written into `cache`; without "
-                "a cache it has no meaning. Pass `cache=` (see `keras_attn.empty_cache`) "
-                f"or drop the index. Received: cache=None, "
-                f"cache_update_index={cache_update_index!r}")
+        kv_cache.check_index_has_cache(cache, cache_update_index)
         given = dict(attention_mask=attention_mask, key_mask=key_mask, value_mask=value_mask)
         read_only = cache is not None and cache_update_index is None
         value, key, value_mask, key_mask = compat.resolve_inputs(
@@ -252,35 +232,29 @@ class MultiHeadAttention(keras.layers.Layer):
             S_max, cache_update_index = kv_cache.check_cache_call(
                 cache, B, self.num_key_value_heads, self.key_dim, d_v,
                 None if read_only else static_shape(key), cache_update_index, self.name)
-            kv_cache.check_cache_masks(S_max, **given)
+            kv_cache.check_cache_masks(S_max, **given)  # as given: before `resolve_inputs`
         key_padding = combine_masks(as_bool_mask("key_mask", key_mask),
                                     as_bool_mask("value_mask", value_mask))
         S_all = S if cache is None else S_max  # the keys attended
         mask_4d = compat.merge_masks(B, T, S_all, H, attention_mask, key_padding)
         is_causal, window, in_range = use_causal_mask, self.sliding_window, None
-        if cache is not None:
-            # Positions over the cache depend on `cache_update_index`, which may be traced:
-            # the causal/window/written-slots mask is built here, explicitly.
-            mask_4d = combine_masks(mask_4d, kv_cache.cached_positional_mask(
-                T, S_max, cache_update_index, S, use_causal_mask, window))
+        if cache is not None:  # the positional rules go into the mask (the index may be traced)
+            mask_4d, in_range = kv_cache.fold_positions(
+                mask_4d, T, S_max, cache_update_index, None if read_only else ops.shape(key)[1],
+                use_causal_mask, window)
             is_causal, window = False, None
-            if not read_only and not isinstance(cache_update_index, int):
-                # A traced index cannot be range-checked now: out of range gives NaN.
-                in_range = kv_cache.index_in_range(cache_update_index, ops.shape(key)[1], S_max)
         q, k, v, new_cache = self._project(query, key, value, cache, cache_update_index, in_range)
         if type(self)._compute_attention is not MultiHeadAttention._compute_attention:
-            attended, scores = compat.call_keras_hook(
+            attended, scores, heads_first = compat.call_keras_hook(
                 self, q, k, v, mask_4d, training, return_attention_scores, is_causal, window)
-            heads_first = False
         else:
             attended, scores, heads_first = self._attend(
                 q, k, v, mask_4d, is_causal, window, training, return_attention_scores,
                 cache is not None)
         output = projection.project_output(self.output_dense, attended, H, d_v, heads_first)
-        if in_range is not None:
-            output = kv_cache.poison(output, in_range)  # (B, T, output_dim)
-        results = (output, scores) if return_attention_scores else (output,)
-        results += () if cache is None else (new_cache,)
+        output = output if in_range is None else kv_cache.poison(output, in_range)  # (B, T, D_out)
+        results = ((output, scores) if return_attention_scores else (output,)) + (
+            () if cache is None else (new_cache,))
         return results if len(results) > 1 else output
 
     def _compute_attention(self, query, key, value, attention_mask=None, training=None,
@@ -305,12 +279,16 @@ class MultiHeadAttention(keras.layers.Layer):
         return (ops.swapaxes(attended, 1, 2) if heads_first else attended), scores
 
     def _attend(self, q, k, v, mask, is_causal, window, training, return_scores, cached):
-        """`keras_attn.attention.attend_heads` with this layer's settings."""
+        """`keras_attn.attention.attend_heads` with this layer's settings (`window` None:
+        the window is in `mask` already)."""
+        options = self.options
+        if window != options.sliding_window:
+            options = dataclasses.replace(options, sliding_window=window)
         return attend_heads(
-            q, k, v, mask=mask, is_causal=is_causal, window=window,
+            q, k, v, options, mask=mask, is_causal=is_causal,
             implementation=self.implementation, dropout_rate=self.dropout,
             seed=self.seed_generator, training=training, return_attention_scores=return_scores,
-            soft_cap=self.logit_soft_cap, cached=cached)
+            cached=cached)
 
     def _project(self, query, key, value, cache, cache_update_index, in_range=None):
         """`(q, k, v, new_cache)` in `(B, L, heads, d)` after qk-norm and RoPE.
@@ -335,8 +313,8 @@ class MultiHeadAttention(keras.layers.Layer):
             else:
                 q_positions, k_positions = kv_cache.positions(
                     T, ops.shape(key)[1], 0 if cache is None else cache_update_index)
-                k = self._rope(k, k_positions)
-            q = self._rope(q, q_positions)
+                k = projection.rope(k, k_positions, self.options)
+            q = projection.rope(q, q_positions, self.options)
         if cache is None:
             return q, k, v, None
         new_cache = cache if read_only else kv_cache.write(cache, k, v, cache_update_index,
@@ -344,13 +322,8 @@ class MultiHeadAttention(keras.layers.Layer):
         k, v = kv_cache.read(new_cache, q.dtype)  # (B, S_max, H_kv, d) each
         return q, k, v, new_cache
 
-    def _rope(self, x, positions):
-        return rotary_embedding(x, positions, max_wavelength=self.rope_max_wavelength,
-                                scaling_factor=self.rope_scaling_factor,
-                                interleaved=self.rope_interleaved)
-
     def empty_cache(self, batch_size, max_length, dtype=None):
-        """Zeros `(B, 2, S_max, H_kv, d)` for this layer; see `keras_attn.empty_cache`."""
+        """Zeros `(B, 2, S_max, H_kv, d)`; see `keras_attn.empty_cache`."""
         return kv_cache.empty_cache(self, batch_size, max_length, dtype)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
@@ -359,39 +332,18 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def compute_output_spec(self, query, value=None, key=None, *args,
                             return_attention_scores=False, cache=None, **kwargs):
-        source = value if value is not None else (key if key is not None else query)
-        results = (keras.KerasTensor(self.compute_output_shape(query.shape),
-                                     dtype=self.compute_dtype),)
-        if return_attention_scores:
-            S = source.shape[1] if cache is None else cache.shape[2]
-            results += (keras.KerasTensor((query.shape[0], self.num_heads, query.shape[1], S),
-                                          dtype=self.compute_dtype),)
-        if cache is not None:
-            results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
-        return results if len(results) > 1 else results[0]
+        return compat.output_spec(self, query, value, key, return_attention_scores, cache)
 
     def get_config(self):
         config = super().get_config()
-        serialize = {"initializer": keras.initializers.serialize,
-                     "regularizer": keras.regularizers.serialize,
-                     "constraint": keras.constraints.serialize}
         config.update({
             "num_heads": self.num_heads, "key_dim": self.key_dim, "value_dim": self.value_dim,
             "output_dim": self.output_dim, "dropout": self.dropout, "use_bias": self.use_bias,
-            **{f"{part}_{kind}": serialize[kind](getattr(self, f"{part}_{kind}"))
-               for kind in ("initializer", "regularizer", "constraint")
-               for part in ("kernel", "bias")},
-            "seed": self.seed, "implementation": self.implementation,
+            **projection.dense_config(self),
+            "seed": self.seed, "implementation": compat.implementation_config(self.implementation),
             **self.options.get_config(),
         })
         return config
 
 
-def _option(name: str) -> property:
-    """`layer.<name>` reads `layer.options.<name>` (`keras_attn.options.AttentionOptions`)."""
-    return property(lambda self: getattr(self.options, name), doc=f"`self.options.{name}`.")
-
-
-for _name in _OPTION_NAMES:  # layer.sliding_window, layer.qk_norm, ...
-    setattr(MultiHeadAttention, _name, _option(_name))
-
+expose_options(MultiHeadAttention)  # layer.sliding_window, layer.qk_norm, ...

@@ -29,7 +29,8 @@ class TransformerDecoderLayer(TransformerLayerBase):
         `layer_norm_epsilon`, `normalize_first`, `kernel_initializer`,
         `bias_initializer`, the self-attention's options
         (`num_key_value_heads`, `rope_max_wavelength`, `rope_scaling_factor`,
-        `rope_interleaved`, `sliding_window`, `logit_soft_cap`, `qk_norm`),
+        `rope_interleaved`, `sliding_window`, `logit_soft_cap`, `qk_norm`, and
+        by keyword any other `AttentionOptions` field such as `scale`),
         `normalization`, `use_bias`, `gated_feed_forward`, `implementation`
         and `attention_dropout` (both attention sublayers).
 

@@ -34,7 +34,8 @@ class TransformerEncoderLayer(TransformerLayerBase):
         kernel_initializer: initializer of every dense kernel.
         bias_initializer: initializer of every dense bias.
         num_key_value_heads, rope_max_wavelength, rope_scaling_factor,
-            rope_interleaved, sliding_window, logit_soft_cap, qk_norm: the
+            rope_interleaved, sliding_window, logit_soft_cap, qk_norm, and by
+            keyword any other field (`qk_norm_epsilon`, `scale`): the
             self-attention's options (`keras_attn.options.AttentionOptions`;
             stored as `self.options`); cross-attention takes none of them.
         normalization: `"layer"` (`LayerNormalization`, default) or `"rms"`
@@ -45,8 +46,8 @@ class TransformerEncoderLayer(TransformerLayerBase):
             `W_2 (act(x W_gate) * x W_1)`, sublayers `gate_dense`,
             `intermediate_dense`, `output_dense`.
         implementation: the attention path of every attention sublayer
-            (`"auto"`, `"fused"`, `"blockwise"`, `"explicit"`; see
-            `keras_attn.MultiHeadAttention`).
+            (`"auto"`, `"fused"`, `"blockwise"`, `"explicit"`, or a callable;
+            see `keras_attn.MultiHeadAttention`).
         attention_dropout: dropout rate on the attention weights (training
             only), separate from `dropout` on the sublayers' outputs.
         **kwargs: base layer arguments (`name`, `dtype`, ...).

@@ -16,6 +16,7 @@ import dataclasses
 
 import numpy as np
 
+from keras_attn.options import FIELDS
 from keras_attn.testing import reference
 from keras_attn.testing.layout import LAYOUT
 
@@ -151,6 +152,11 @@ CASES = (
          {"num_heads": 2, "key_dim": 4, "sliding_window": 2, "qk_norm": "layer",
           "logit_soft_cap": 2.0},
          {"query": (B, T, D), "key": (B, S, 6)}),
+    Case("mha_gqa_scale", "mha",
+         "MultiHeadAttention: 4 heads over 2 key/value heads, logit scale 1.3 (not 1/sqrt(d)), "
+         "causal",
+         {"num_heads": 4, "key_dim": 4, "num_key_value_heads": 2, "scale": 1.3},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
     Case("ffn_swiglu", "ffn", "PositionwiseFeedForward: gated (SwiGLU), no biases",
          {"intermediate_dim": 12, "activation": "silu", "gated": True, "use_bias": False},
          {"inputs": (B, T, D)}),
@@ -185,9 +191,9 @@ CASES = (
          call={"cached_prefill": 3}),
 )
 
-# Constructor arguments that configure the attention itself (the reference takes them too).
-ATTENTION_OPTIONS = ("num_key_value_heads", "rope_max_wavelength", "rope_scaling_factor",
-                     "rope_interleaved", "sliding_window", "logit_soft_cap", "qk_norm")
+# Constructor arguments that configure the attention itself (the reference takes them too):
+# every `AttentionOptions` field, so that a new option needs only its case here.
+ATTENTION_OPTIONS = FIELDS
 
 
 def _attention_options(config):

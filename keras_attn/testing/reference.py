@@ -193,7 +193,7 @@ def multi_head_attention(
     params, query, key=None, value=None, num_heads=1, mask=None,
     is_causal=False, num_key_value_heads=None, rope_max_wavelength=None,
     rope_scaling_factor=1.0, rope_interleaved=False, sliding_window=None,
-    logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6,
+    logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None,
 ):
     """Multi-head attention, paper Section 3.2.2, with today's options.
 
@@ -227,7 +227,7 @@ def multi_head_attention(
         if mask.ndim == 3:
             mask = mask[:, None]  # (B, 1, T, S)
     out, weights = scaled_dot_product_attention(
-        q, k, v, mask=mask, is_causal=is_causal, sliding_window=sliding_window,
+        q, k, v, mask=mask, is_causal=is_causal, scale=scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap,
     )
     B, H, T, d_v = out.shape
