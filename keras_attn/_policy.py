@@ -23,7 +23,32 @@ import math
 
 import keras
 
-from keras_attn import config
+from keras_attn._validation import check_positive_int
+
+# 512 x 512 float32 scores = 1 MiB per (batch, head) pair: large enough for
+# efficient matmuls on CPU, small enough to stay in cache-sized tiles.
+DEFAULT_BLOCK_SIZE = 512
+# 2**26 scores = 256 MiB in float32. The explicit and non-flash fused paths
+# hold a few tensors of that size (logits, weights, and their gradients).
+DEFAULT_BLOCKWISE_THRESHOLD = 2**26
+
+# What the user set with `keras_attn.config` (None: not set, the policy decides).
+_SETTINGS = {"block_size": None, "threshold": None}
+
+
+def set_setting(name, value, argument):
+    """`keras_attn.config`'s setters: a positive int or None, under `argument`'s name."""
+    _SETTINGS[name] = check_positive_int(argument, value, allow_none=True)
+
+
+def block_size_override():
+    """The block size set by the user, or None (the policy chooses)."""
+    return _SETTINGS["block_size"]
+
+
+def threshold_override():
+    """The threshold set by the user, or None (the measured policy decides)."""
+    return _SETTINGS["threshold"]
 
 __all__ = [
     "BLOCKS",
@@ -62,7 +87,7 @@ class Row:
             queries than this runs explicit; None: no such rule.
     """
 
-    max_scores: int = config.DEFAULT_BLOCKWISE_THRESHOLD
+    max_scores: int = DEFAULT_BLOCKWISE_THRESHOLD
     flash_unmasked: bool = False
     blockwise_min_scores: tuple | None = None
     blockwise_min_queries: int = 16
@@ -246,7 +271,7 @@ def block_size_for(lead, T, S, banded=False, blocks=BLOCKS):
             skipped.
         blocks: the `BlockRule` (defaults to `BLOCKS`).
     """
-    size = config.block_size_override()
+    size = block_size_override()
     if size is None:
         budget = blocks.tile_scores // 2 if banded else blocks.tile_scores
         per_block = _known_scores(lead, 1, 1)
@@ -328,7 +353,7 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
     # An unknown batch dim (a `None` input signature, an export) counts as 1:
     # the per-example score count alone decides, so a long sequence never
     # falls back to the full score matrix just because the batch is symbolic.
-    override = config.threshold_override()
+    override = threshold_override()
     if _known_scores(lead, T, S) > (row.max_scores if override is None else override):
         if (row.flash_unmasked and not has_mask and not has_bias and not has_window
                 and not has_soft_cap and (not is_causal or T == S)):

@@ -4,7 +4,7 @@
 `MultiHeadAttention`) follows a measured, backend-aware policy written out in
 `keras_attn._policy` (the table `POLICY`, read by `select_implementation`)
 and in the README's Performance section: blockwise when the scores of one call would exceed
-`DEFAULT_BLOCKWISE_THRESHOLD` elements, and below that the faster path on
+2**26 elements, and below that the faster path on
 the backend and device (on a CPU, blockwise from 32 x 32 scores per head
 under JAX and 512 x 512 causal / 1024 x 1024 full under TensorFlow, with
 16 queries at least;
@@ -25,42 +25,24 @@ keras_attn.config.set_blockwise_threshold(None)   # back to the measured policy
 They are read at call (trace) time: change them before a model is compiled.
 """
 
-from keras_attn._validation import check_positive_int
+from keras_attn import _policy
 
 __all__ = [
-    "DEFAULT_BLOCK_SIZE",
-    "DEFAULT_BLOCKWISE_THRESHOLD",
     "attention_block_size",
-    "block_size_override",
     "blockwise_threshold",
     "set_attention_block_size",
     "set_blockwise_threshold",
-    "threshold_override",
 ]
-
-# 512 x 512 float32 scores = 1 MiB per (batch, head) pair: large enough for
-# efficient matmuls on CPU, small enough to stay in cache-sized tiles.
-DEFAULT_BLOCK_SIZE = 512
-# 2**26 scores = 256 MiB in float32. The explicit and non-flash fused paths
-# hold a few tensors of that size (logits, weights, and their gradients).
-DEFAULT_BLOCKWISE_THRESHOLD = 2**26
-
-# None = not set: `auto` follows the measured policy in `_policy.POLICY`
-# (and the blockwise path picks its block size from the shape); a set value overrides it.
-_settings = {
-    "block_size": None,
-    "threshold": None,
-}
 
 
 def attention_block_size():
     """The query/key block length set with `set_attention_block_size`.
 
     Without a setting the blockwise path chooses the block from the shape
-    (see `set_attention_block_size`); this then returns `DEFAULT_BLOCK_SIZE`,
-    the largest block it uses.
+    (see `set_attention_block_size`); this then returns 512, the largest
+    block it uses.
     """
-    return _settings["block_size"] or DEFAULT_BLOCK_SIZE
+    return _policy.block_size_override() or _policy.DEFAULT_BLOCK_SIZE
 
 
 def set_attention_block_size(block_size):
@@ -72,16 +54,16 @@ def set_attention_block_size(block_size):
             `B * H * block_size**2` scores; larger blocks mean fewer,
             larger matmuls. A block is never longer than its sequence.
     """
-    _settings["block_size"] = check_positive_int("block_size", block_size, allow_none=True)
+    _policy.set_setting("block_size", block_size, "block_size")
 
 
 def blockwise_threshold():
     """Score count `B * H * T * S` above which `"auto"` always goes blockwise.
 
-    Without a setting this is `DEFAULT_BLOCKWISE_THRESHOLD`, the memory
+    Without a setting this is 2**26 (256 MiB of float32 scores), the memory
     bound of the policy (below it, the policy decides by speed).
     """
-    return _settings["threshold"] or DEFAULT_BLOCKWISE_THRESHOLD
+    return _policy.threshold_override() or _policy.DEFAULT_BLOCKWISE_THRESHOLD
 
 
 def set_blockwise_threshold(num_scores):
@@ -96,14 +78,12 @@ def set_blockwise_threshold(num_scores):
             of elements of the attention scores of one call), or None to
             restore the measured policy (the default).
     """
-    _settings["threshold"] = check_positive_int("num_scores", num_scores, allow_none=True)
+    _policy.set_setting("threshold", num_scores, "num_scores")
 
 
-def block_size_override():
-    """The block size set by the user, or None (the policy chooses)."""
-    return _settings["block_size"]
-
-
-def threshold_override():
-    """The threshold set by the user, or None (the measured policy decides)."""
-    return _settings["threshold"]
+# The names of release 0.1.0 beyond the two settings, still importable (not in `__all__`):
+# the defaults and the raw overrides now live with the policy that reads them.
+DEFAULT_BLOCK_SIZE = _policy.DEFAULT_BLOCK_SIZE
+DEFAULT_BLOCKWISE_THRESHOLD = _policy.DEFAULT_BLOCKWISE_THRESHOLD
+block_size_override = _policy.block_size_override
+threshold_override = _policy.threshold_override
