@@ -10,19 +10,15 @@ from keras_attn._policy import select_implementation
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from . import reference
+from .fixtures import attention_settings_fixture
 from .helpers import assert_close, randn, rng, to_numpy
 
 sdpa = keras_attn.scaled_dot_product_attention
 PATHS = ["explicit", "fused", "blockwise"]
 
 
-@pytest.fixture(autouse=True)
-def _small_blocks():
-    """Blocks of 4 so that the test sizes span several, partial blocks."""
-    config.set_attention_block_size(4)
-    yield
-    config.set_attention_block_size(None)  # back to the policy's own choices
-    config.set_blockwise_threshold(None)
+# Blocks of 4 so that the test sizes span several, partial blocks.
+_small_blocks = attention_settings_fixture(block_size=4)
 
 
 def _inputs(seed, T, S, d_k=4, d_v=5, lead=(2, 3)):

@@ -14,18 +14,15 @@ from keras_attn._kernels.blockwise import _Blocks
 from keras_attn._policy import observe_paths
 
 from . import reference
+from .fixtures import attention_settings_fixture
 from .helpers import assert_close, randn, rng
 
 sdpa = keras_attn.scaled_dot_product_attention
 PATHS = ["explicit", "fused", "blockwise"]
 
 
-@pytest.fixture(autouse=True)
-def _small_blocks():
-    config.set_attention_block_size(4)
-    yield
-    config.set_attention_block_size(None)  # back to the policy's own choices
-    config.set_blockwise_threshold(None)
+# Blocks of 4 so that the test sizes span several, partial blocks.
+_small_blocks = attention_settings_fixture(block_size=4)
 
 
 def _problem(seed, T, S, H=4, H_kv=2, d_k=5, d_v=3):

@@ -15,18 +15,15 @@ from keras_attn._policy import block_size_for, device_kind, observe_paths, selec
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from . import reference
+from .fixtures import attention_settings_fixture
 from .helpers import assert_close, randn, rng, to_numpy
 
 sdpa = keras_attn.scaled_dot_product_attention
 BACKEND = keras.backend.backend()
 
 
-@pytest.fixture(autouse=True)
-def _small_blocks():
-    config.set_attention_block_size(4)
-    yield
-    config.set_attention_block_size(None)  # back to the policy's own choices
-    config.set_blockwise_threshold(None)
+# Blocks of 4 so that the test sizes span several, partial blocks.
+_small_blocks = attention_settings_fixture(block_size=4)
 
 
 # ----------------------------------------------------------------------------

@@ -14,17 +14,14 @@ import pytest
 from keras_attn import _policy, config
 from keras_attn._policy import POLICY, BlockRule, Row, observe_paths, record_path
 
+from .fixtures import attention_settings_fixture
+
 BACKENDS = ("jax", "tensorflow", "torch", "numpy")
 DEVICES = ("cpu", "gpu", "tpu", "cuda", "mps")
 
 
-@pytest.fixture(autouse=True)
-def _measured_policy():
-    config.set_attention_block_size(None)
-    config.set_blockwise_threshold(None)
-    yield
-    config.set_attention_block_size(None)
-    config.set_blockwise_threshold(None)
+# Every test sees the measured policy (no setting).
+_measured_policy = attention_settings_fixture()
 
 
 def _select(backend, device, T, S, lead, implementation="auto", **flags):

@@ -19,11 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import keras_attn
-from keras_attn import _device, config
+from keras_attn import _device
 from keras_attn.testing.tolerances import tolerance
 from keras_attn.testing.weights import randomize_weights
 
 from . import reference
+from .fixtures import attention_settings_fixture
 from .helpers import UNCACHED, assert_close, to_numpy
 from .strategies import (
     MAX_LEN,
@@ -45,15 +46,9 @@ def examples(fraction):
     return settings(max_examples=max(2, round(settings.default.max_examples * fraction)))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _small_blocks():
-    """Blocks of 4 (several, partial blocks at these lengths); `auto` goes
-    blockwise above 64 scores. Restored after the module."""
-    config.set_attention_block_size(4)
-    config.set_blockwise_threshold(64)
-    yield
-    config.set_attention_block_size(None)  # back to the policy's own choices
-    config.set_blockwise_threshold(None)
+# Blocks of 4 (several, partial blocks at these lengths); `auto` goes blockwise above
+# 64 scores. Restored after the module.
+_small_blocks = attention_settings_fixture(block_size=4, threshold=64, scope="module")
 
 
 def attend(p, q, k, v, mask, bias, path=None, is_causal=None):

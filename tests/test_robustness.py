@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import keras_attn
-from keras_attn import _device, config
+from keras_attn import _device
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from . import reference
+from .fixtures import attention_settings_fixture
 from .helpers import assert_close, randn, rng, to_numpy
 
 sdpa = keras_attn.scaled_dot_product_attention
@@ -20,14 +21,10 @@ PATHS = ["explicit", "fused", "blockwise"]
 BACKEND = keras.backend.backend()
 
 
-@pytest.fixture(autouse=True)
-def _small_blocks():
-    """Blocks of 4 so that the test sizes span several, partial blocks."""
-    size, threshold = config.attention_block_size(), config.blockwise_threshold()
-    config.set_attention_block_size(4)
-    yield
-    config.set_attention_block_size(size)
-    config.set_blockwise_threshold(threshold)
+# Blocks of 4 so that the test sizes span several, partial blocks. (This module used
+# to restore `config.attention_block_size()`, which reads 512 when unset, so it left
+# a setting of 512 behind for the modules after it.)
+_small_blocks = attention_settings_fixture(block_size=4)
 
 
 def _qkv(seed, T=6, S=7, d_k=4, d_v=3, lead=(2, 2), scale=1.0):
