@@ -54,6 +54,24 @@ def spawn(module, spec, timeout, *, backend=None, tree=None):
     return {"error": f"exit {done.returncode}: {tail[0][:ERROR_TAIL_CHARS]}"}
 
 
+def import_tree(root):
+    """Import `keras_attn` from checkout `root`, forgetting any other one imported before.
+
+    For before/after figures in one process (`--baseline`): objects built from the
+    first checkout keep working after the second is imported, since their functions
+    hold their own module globals.
+    """
+    import importlib
+
+    for name in [n for n in sys.modules if n == "keras_attn" or n.startswith("keras_attn.")]:
+        del sys.modules[name]
+    sys.path.insert(0, os.path.abspath(root))
+    try:
+        return importlib.import_module("keras_attn")
+    finally:
+        sys.path.pop(0)
+
+
 def worker_main(worker, spec_json):
     """The worker side of `spawn`: print `worker(spec)`'s result as one JSON line; 0."""
     print(json.dumps(worker(json.loads(spec_json))), flush=True)

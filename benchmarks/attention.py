@@ -178,6 +178,15 @@ def _interleaved_worker(contenders, mode, B, T, D, H, repeats):
     return {"median_s": common.medians(times), "runs": repeats}
 
 
+def _baseline_worker(trees, mode, B, T, D, H, repeats):
+    """keras_attn's model from each checkout in `trees` in one process, timed in turn."""
+    runs = {}
+    for name, root in trees.items():
+        common.import_tree(root)
+        runs[name] = _build("keras_attn", mode, B, T, D, H)
+    return {"median_s": common.medians(common.interleaved(runs, repeats, warmup=2))}
+
+
 def _model_worker(contender, mode, B, T, D, H, repeats, budget_s):
     import keras_attn  # noqa: F401  (the baseline includes Keras and the backend)
 
@@ -204,6 +213,8 @@ def worker(spec):
         (_device.allow_tf32 if _tf32_setting() == "allowed" else _device.disable_tf32)()
     if spec["kind"] == "gemm":
         return _gemm_worker(spec["repeats"])
+    if spec["kind"] == "baseline":
+        return _baseline_worker(spec["trees"], spec["mode"], *spec["size"], spec["repeats"])
     if spec["kind"] == "interleaved":
         return _interleaved_worker(spec["contenders"], spec["mode"], *spec["size"],
                                    spec["repeats"])
@@ -253,6 +264,10 @@ def main(argv=None):
     parser.add_argument("--train-max-t", type=int, default=4096)
     parser.add_argument("--interleave-max-t", type=int, default=4096,
                         help="time contenders interleaved in one process up to this T")
+    parser.add_argument("--baseline", default=None, metavar="DIR",
+                        help="another checkout (a `git worktree` of an earlier commit): time "
+                        "keras_attn's model from it and from this tree in one process per size "
+                        "and mode, interleaved, and print this / baseline")
     args = parser.parse_args(argv)
     if args.worker:
         return common.worker_main(worker, args.worker)
@@ -271,6 +286,9 @@ def main(argv=None):
     info = _device.describe()
     print(f"# backend {backend} {info['backend_version']}, keras {info['keras']}, "
           f"{info['device']}, {common.machine()}, TF32 {_tf32_setting()}", flush=True)
+
+    if args.baseline:
+        return _compare(args.baseline, sizes, modes, repeats, args)
 
     gemm = _spawn({"kind": "gemm", "repeats": repeats}, args.timeout)
     gflops = gemm.get("gemm_gflops")
@@ -316,6 +334,39 @@ def main(argv=None):
     if args.json:
         common.write_json(args.json, {"backend": backend, "info": info, "tf32": _tf32_setting(),
                                       "gemm_gflops": gflops, "rows": rows})
+
+
+def _compare(baseline, sizes, modes, repeats, args):
+    """`--baseline`: keras_attn from `baseline` and from this tree, per size and mode."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = {"baseline": os.path.abspath(baseline), "this": here}
+    print(f"keras_attn.MultiHeadAttention, causal, float32; medians of {repeats} interleaved "
+          f"runs per process (baseline {baseline})\n\n"
+          "| size BxTxDxH | mode | baseline ms | this ms | this / baseline |\n"
+          "|---|---|---:|---:|---:|", flush=True)
+    worst = 0.0
+    for size in sizes:
+        for mode in modes:
+            if _skip_reason(keras_backend(), "keras_attn", mode, size, args.mem_limit_gib,
+                            args.train_max_t):
+                continue
+            result = _spawn({"kind": "baseline", "trees": trees, "mode": mode,
+                             "size": list(size), "repeats": repeats}, args.timeout)
+            label = f"| {'x'.join(map(str, size))} | {mode} |"
+            if "error" in result:
+                print(f"{label} error: {result['error']} | | |", flush=True)
+                return 1
+            before, after = (result["median_s"][n] * 1e3 for n in ("baseline", "this"))
+            worst = max(worst, after / before)
+            print(f"{label} {before:.2f} | {after:.2f} | {after / before:.3f} |", flush=True)
+    print(f"\nworst this / baseline: {worst:.3f}")
+    return 0
+
+
+def keras_backend():
+    import keras
+
+    return keras.backend.backend()
 
 
 def table(rows, gflops, backend):

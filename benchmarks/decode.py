@@ -101,51 +101,22 @@ def _stack(spec):
 
 
 def _stack_part(spec, rounds_out):
-    import numpy as np
-    from keras import ops
-
-    import keras_attn
-
-    backend, P, N, D = spec["backend"], spec["prompt"], spec["new"], spec["dim"]
-    stack = _stack(spec)
-    variables = [v for layer in stack for v in layer.weights]
+    backend, P, N = spec["backend"], spec["prompt"], spec["new"]
+    cached_run, stack, x = _cached_steps(spec)
     block = _block(backend)
-    rng = np.random.default_rng(0)
-    x = ops.convert_to_tensor(rng.standard_normal((1, P + N, D)).astype("float32"))
-
-    def step(x_t, caches, index):
-        new = []
-        for layer, cache in zip(stack, caches, strict=True):
-            x_t, cache = layer(x_t, self_attention_cache=cache,
-                               self_attention_cache_update_index=index)
-            new.append(cache)
-        return x_t, new
 
     def full(prefix):
         for layer in stack:
             prefix = layer(prefix)
         return prefix[:, -1:]
 
-    cached_step = _compile(backend, step, variables)
-    uncached = _compile(backend, full, variables)
-    empty = [keras_attn.empty_cache(layer, 1, P + N) for layer in stack]
-    zero = ops.convert_to_tensor(0, "int32")
-    _, filled = block(cached_step(x[:, :P], empty, zero))  # prefill (compiles that shape)
+    uncached = _compile(backend, full, [v for layer in stack for v in layer.weights])
     lengths = (P, P + N // 2, P + N - 1)
     prefixes = {n: x[:, :n] for n in lengths}
-    indices = [ops.convert_to_tensor(P + t, "int32") for t in range(N)]
-    tokens = [x[:, P + t:P + t + 1] for t in range(N)]
-    # Warm-up: one compile per shape.
-    block(cached_step(tokens[0], filled, indices[0]))
-    for n in lengths:
+    for n in lengths:  # warm-up: one compile per shape
         block(uncached(prefixes[n]))
     for _ in range(spec["rounds"]):
-        caches, steps = filled, []
-        for t in range(N):
-            start = time.perf_counter()
-            y, caches = cached_step(tokens[t], caches, indices[t])
-            block(y)
-            steps.append(time.perf_counter() - start)
+        steps = cached_run()
         rounds_out["cached_median"].append(statistics.median(steps))
         rounds_out["cached_mean"].append(statistics.fmean(steps))
         for n in lengths:
@@ -251,24 +222,9 @@ def table(results, spec):
     return "\n".join(lines)
 
 
-def _import_tree(root):
-    """Import `keras_attn` from checkout `root`, forgetting any other one already imported.
-
-    Layers built before keep working: their functions hold their own module globals.
-    """
-    import importlib
-
-    for name in [n for n in sys.modules if n == "keras_attn" or n.startswith("keras_attn.")]:
-        del sys.modules[name]
-    sys.path.insert(0, os.path.abspath(root))
-    try:
-        return importlib.import_module("keras_attn")
-    finally:
-        sys.path.pop(0)
-
-
 def _cached_steps(spec):
-    """The prefilled stack's `N` cached steps as a callable: its median step (s)."""
+    """`(run, stack, x)`: `run()` times the prefilled stack's `N` cached steps (a list of
+    seconds); `x` `(1, P + N, D)` holds the prompt and the new tokens' inputs."""
     import numpy as np
     from keras import ops
 
@@ -302,9 +258,9 @@ def _cached_steps(spec):
             y, caches = cached_step(tokens[t], caches, indices[t])
             block(y)
             steps.append(time.perf_counter() - start)
-        return statistics.median(steps)
+        return steps
 
-    return run
+    return run, stack, x
 
 
 def compare_worker(spec):
@@ -314,14 +270,14 @@ def compare_worker(spec):
     _device.single_cpu_thread_for_small_ops()
     runs, files = {}, {}
     for name, root in spec["trees"].items():
-        files[name] = _import_tree(root).__file__
-        runs[name] = _cached_steps(spec)
+        files[name] = common.import_tree(root).__file__
+        runs[name] = _cached_steps(spec)[0]
     times = {name: [] for name in runs}
     times["files"] = files
     for r in range(spec["rounds"]):
         order = list(runs) if r % 2 == 0 else list(reversed(runs))  # A B, B A, ...
         for name in order:
-            times[name].append(runs[name]() * 1e3)
+            times[name].append(statistics.median(runs[name]()) * 1e3)
     return times
 
 
