@@ -22,7 +22,9 @@ An unknown requirement fails the block instead of skipping it, so that a typo ca
 a block. A block skipped here leaves the file's later blocks to declare what they need
 from it: a later block that uses its names fails (never skips) where it did not run. Each
 block runs from `compile(..., "FILE:LINE")`, so a traceback points at the Markdown line.
-`tox -e multidevice` runs this file too, on 8 JAX devices.
+A test's id names what its block requires (`docs/guides/scaling-out.md:20+backend+devices`):
+`tox -e multidevice` runs `-k devices`, the blocks that need its 8 JAX devices; the
+backend environments run the rest.
 """
 
 import importlib.util
@@ -132,9 +134,16 @@ def _run(path, line, code):
     exec(compile(source, f"{path.relative_to(ROOT)}:{line}", "exec"), _FILES[path].namespace)
 
 
+def _block_id(path, line, directives):
+    """`docs/x.md:12`, plus `+devices` etc. for what it requires (`-k devices` selects those)."""
+    names = [r.split("=")[0].strip() for kind, value in directives if kind == "requires"
+             for r in value.split(",") if r.strip()]
+    return f"{path.relative_to(ROOT).as_posix()}:{line}" + "".join(f"+{n}" for n in names)
+
+
 @pytest.mark.parametrize(
     ("path", "line", "code", "directives"), BLOCKS,
-    ids=[f"{p.relative_to(ROOT)}:{line}" for p, line, _, _ in BLOCKS])
+    ids=[_block_id(p, line, directives) for p, line, _, directives in BLOCKS])
 def test_block_runs(path, line, code, directives):
     reason = unmet(directives)
     if reason:
