@@ -230,7 +230,7 @@ def scaled_dot_product_attention(
             linearly with the sequence length (forward and backward); it
             needs static `T` and `S`. `"auto"` follows a measured,
             backend-aware policy (`keras_attn._policy.select_implementation`;
-            README, Performance): blockwise when the scores would exceed
+            docs/guides/performance.md): blockwise when the scores would exceed
             `keras_attn.config.blockwise_threshold()` elements (on PyTorch,
             unmasked attention stays on SDPA's own flash kernel, which is
             linear in memory); below that, blockwise on a CPU under JAX or

@@ -3,12 +3,12 @@
 `implementation="auto"` (the default of `scaled_dot_product_attention` and
 `MultiHeadAttention`) follows a measured, backend-aware policy written out in
 `keras_attn._policy` (the table `POLICY`, read by `select_implementation`)
-and in the README's Performance section: blockwise when the scores of one call would exceed
-2**26 elements, and below that the faster path on
-the backend and device (on a CPU, blockwise from 32 x 32 scores per head
-under JAX and 512 x 512 causal / 1024 x 1024 full under TensorFlow, with
-16 queries at least;
-elsewhere the fused kernel). The blockwise path
+and in the docs' performance guide (docs/guides/performance.md): blockwise
+when the scores of one call would exceed 2**26
+elements, and below that the faster path on the backend and device (on a
+CPU, blockwise from 32 x 32 scores per head under JAX and 512 x 512 causal /
+1024 x 1024 full under TensorFlow, with 16 queries at least; elsewhere the
+fused kernel). The blockwise path
 then picks its block length from the shape.
 
 Both settings below override the policy, process-wide, until set back to

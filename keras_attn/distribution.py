@@ -52,7 +52,7 @@ ROW_PARALLEL = ("output_dense",)
 _KEY_VALUE = ("key_dense", "value_dense")
 
 # A weight path is `outer/.../<sublayer>/<weight>` (Functional, Sequential and
-# subclassed models alike, with any user layer names: see the README). The
+# subclassed models alike, with any user layer names: docs/guides/scaling-out.md). The
 # regexes must match whole variable paths only: LayoutMap is also asked for
 # the layout of layer outputs (`.../output_dense/output`), and weights of
 # optimizers (`adam/...`) and other layers must fall through to "replicated".

@@ -76,7 +76,7 @@ _ROW = {"kernel": ("model", None), "bias": (None,)}
 
 
 def _expected_spec(path, strategy, kv_replicated=False):
-    """The tensor-parallel plan of the README, written out per weight name."""
+    """The tensor-parallel plan of docs/guides/scaling-out.md, written out per weight name."""
     sublayer, weight = path.split("/")[-2:]
     ndim = 2 if weight == "kernel" else 1
     if strategy == "data" or sublayer.endswith("_norm"):

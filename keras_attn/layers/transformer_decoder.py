@@ -23,16 +23,15 @@ class TransformerDecoderLayer(TransformerLayerBase):
     Shapes: B batch, T target length, S memory length, D model width,
     D_m memory width (may differ from D), H `num_heads`.
 
-    Args:
-        Every argument of `TransformerEncoderLayer`, with the same meaning:
-        `num_heads`, `intermediate_dim`, `key_dim`, `dropout`, `activation`,
-        `layer_norm_epsilon`, `normalize_first`, `kernel_initializer`,
-        `bias_initializer`, the self-attention's options
-        (`num_key_value_heads`, `rope_max_wavelength`, `rope_scaling_factor`,
-        `rope_interleaved`, `sliding_window`, `logit_soft_cap`, `qk_norm`, and
-        by keyword any other `AttentionOptions` field such as `scale`),
-        `normalization`, `use_bias`, `gated_feed_forward`, `implementation`
-        and `attention_dropout` (both attention sublayers).
+    Arguments: every argument of `TransformerEncoderLayer`, with the same
+    meaning: `num_heads`, `intermediate_dim`, `key_dim`, `dropout`,
+    `activation`, `layer_norm_epsilon`, `normalize_first`,
+    `kernel_initializer`, `bias_initializer`, the self-attention's options
+    (`num_key_value_heads`, `rope_max_wavelength`, `rope_scaling_factor`,
+    `rope_interleaved`, `sliding_window`, `logit_soft_cap`, `qk_norm`, and
+    by keyword any other `AttentionOptions` field such as `scale`),
+    `normalization`, `use_bias`, `gated_feed_forward`, `implementation` and
+    `attention_dropout` (both attention sublayers).
 
     Sublayers: `self_attention`, `self_attention_norm`, `cross_attention`,
     `cross_attention_norm` (only with memory), `feed_forward`,

@@ -1,7 +1,7 @@
 """Independent float64 NumPy reference for every keras_attn layer.
 
 Written from "Attention Is All You Need" (Vaswani et al., 2017), Eq. 1 and 2
-and Section 3, and from the mask conventions in the keras_attn README. It
+and Section 3, and from the mask conventions of keras_attn (docs/guides/masks.md). It
 imports NumPy and the standard library only, never `keras` or `keras_attn`,
 so that comparing a layer against it compares two independent derivations.
 
