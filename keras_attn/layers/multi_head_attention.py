@@ -81,8 +81,8 @@ class MultiHeadAttention(keras.layers.Layer):
             `"explicit"`.
         num_key_value_heads, rope_max_wavelength, rope_scaling_factor,
             rope_interleaved, sliding_window, logit_soft_cap, qk_norm,
-            qk_norm_epsilon, and by keyword any other field (`scale`): see
-            `keras_attn.options.AttentionOptions` (GQA: query head n uses
+            qk_norm_epsilon: see `keras_attn.options.AttentionOptions`, whose
+            other fields (`scale`) are keywords too (GQA: query head n uses
             key/value head `n // (H / H_kv)`, as Keras's
             `GroupQueryAttention`; RoPE on queries and keys after qk-norm,
             at absolute bottom-right-aligned positions; qk-norm sublayers
