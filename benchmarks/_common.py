@@ -130,7 +130,7 @@ def medians(times):
 
 
 def add_options(parser, *, backend=None, quick=None, rounds=None, timeout=None,
-                json_help="also write the results here", worker=True):
+                json_help="also write the results here", worker=True, baseline=None):
     """The options the benchmarks share, each under the name that benchmark documents.
 
     `backend`: "list" (`--backend a,b`, default every one of BACKENDS: `backends(args)`),
@@ -141,7 +141,8 @@ def add_options(parser, *, backend=None, quick=None, rounds=None, timeout=None,
     `(flag, default, help)` of the seconds a worker may take (`--timeout` or
     `--timeout-s`), read as `args.timeout`. `json_help`: `--json PATH`'s help (None: no
     option). `worker`: the hidden `--worker SPEC` of a benchmark that `spawn`s itself
-    (`worker_main`).
+    (`worker_main`). `baseline`: what `--baseline DIR` (another checkout, for before/after
+    figures in one run: `import_tree`) does in that benchmark, None for no such option.
     """
     if worker:
         parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -166,6 +167,10 @@ def add_options(parser, *, backend=None, quick=None, rounds=None, timeout=None,
                             help=text)
     if json_help is not None:
         parser.add_argument("--json", default=None, metavar="PATH", help=json_help)
+    if baseline is not None:
+        parser.add_argument("--baseline", default=None, metavar="DIR",
+                            help="another checkout (a `git worktree` of an earlier commit): "
+                            + baseline)
     return parser
 
 

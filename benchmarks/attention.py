@@ -264,10 +264,9 @@ def main(argv=None):
     parser.add_argument("--train-max-t", type=int, default=4096)
     parser.add_argument("--interleave-max-t", type=int, default=4096,
                         help="time contenders interleaved in one process up to this T")
-    parser.add_argument("--baseline", default=None, metavar="DIR",
-                        help="another checkout (a `git worktree` of an earlier commit): time "
-                        "keras_attn's model from it and from this tree in one process per size "
-                        "and mode, interleaved, and print this / baseline")
+    common.add_options(parser, worker=False, json_help=None, baseline=(
+        "time keras_attn's model from it and from this tree in one process per size and "
+        "mode, interleaved, and print this / baseline"))
     args = parser.parse_args(argv)
     if args.worker:
         return common.worker_main(worker, args.worker)

@@ -313,11 +313,9 @@ def main(argv=None):
     common.add_options(parser, backend="list", quick="small smoke sizes",
                        rounds=("--rounds", None, "timing rounds (default 3)"),
                        timeout=("--timeout", 900, "seconds per backend"),
-                       json_help="write the results here")
-    parser.add_argument("--baseline", default=None, metavar="DIR",
-                        help="another checkout (e.g. a `git worktree` of the previous "
-                        "commit): one process per backend builds the stack from each checkout's "
-                        "keras_attn and alternates their cached steps")
+                       json_help="write the results here",
+                       baseline="one process per backend builds the stack from each "
+                       "checkout's keras_attn and alternates their cached steps")
     args = parser.parse_args(argv)
     if args.worker:
         chosen = compare_worker if json.loads(args.worker).get("compare") else worker
