@@ -30,7 +30,8 @@ class TransformerDecoderLayer(TransformerLayerBase):
         `bias_initializer`, the self-attention's options
         (`num_key_value_heads`, `rope_max_wavelength`, `rope_scaling_factor`,
         `rope_interleaved`, `sliding_window`, `logit_soft_cap`, `qk_norm`, and
-        by keyword any other `AttentionOptions` field such as `scale`),
+        by keyword any other `AttentionOptions` field such as `scale`, or
+        `rope_type` and its `rope_*` parameters),
         `normalization`, `use_bias`, `gated_feed_forward`, `implementation`
         and `attention_dropout` (both attention sublayers).
 

@@ -35,7 +35,8 @@ class TransformerEncoderLayer(TransformerLayerBase):
         bias_initializer: initializer of every dense bias.
         num_key_value_heads, rope_max_wavelength, rope_scaling_factor,
             rope_interleaved, sliding_window, logit_soft_cap, qk_norm, and by
-            keyword any other field (`qk_norm_epsilon`, `scale`): the
+            keyword any other field (`qk_norm_epsilon`, `scale`, `rope_type`
+            and its `rope_*` parameters such as `rope_beta_fast`): the
             self-attention's options (`keras_attn.options.AttentionOptions`;
             stored as `self.options`); cross-attention takes none of them.
         normalization: `"layer"` (`LayerNormalization`, default) or `"rms"`
