@@ -20,7 +20,7 @@ from keras_attn.rotary import rope_frequencies
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from . import reference
-from .helpers import assert_close, randn, rng, to_numpy
+from .helpers import UNCACHED, assert_close, randn, rng, to_numpy
 
 D, BASE, FACTOR, CONTEXT = 32, 500.0, 6.0, 256
 
@@ -162,6 +162,25 @@ def test_mha_rope_types_match_reference(name):
     unscaled, _ = reference.multi_head_attention(params, x, x, num_heads=4, is_causal=True,
                                                  **plain)
     assert np.abs(unscaled - expected).max() > 100 * 1e-5  # the type matters here
+
+
+@pytest.mark.parametrize("name", sorted(MHA_TYPES))
+def test_cached_decoding_with_rope_types(name):
+    """Over a key/value cache (positions from `cache_update_index`), prefill 3 then 1 + 2
+    tokens: the rows of the uncached forward."""
+    layer = keras_attn.MultiHeadAttention(4, 8, num_key_value_heads=2,
+                                          rope_max_wavelength=100.0, **MHA_TYPES[name])
+    x = randn(rng(14), 2, 6, 12)
+    layer.build(x.shape)
+    randomize_weights(layer, seed=3)
+    full = to_numpy(layer(x, use_causal_mask=True))
+    cache, start = keras_attn.empty_cache(layer, 2, 8), 0
+    for length in (3, 1, 2):
+        out, cache = layer(x[:, start:start + length], cache=cache, cache_update_index=start,
+                           use_causal_mask=True)
+        assert_close(out, full[:, start:start + length], what=f"{name} rows {start}",
+                     against=UNCACHED)
+        start += length
 
 
 def test_rope_fields_save_and_reload(tmp_path):
