@@ -15,7 +15,7 @@ where those have them); `H` is `num_heads`, `d` the head width.
 
 import dataclasses
 
-from keras_attn._validation import check_positive_float, check_positive_int
+from keras_attn._validation import check_positive_float, check_positive_int, check_rope_scaling
 
 __all__ = ["AttentionOptions", "expose_options", "pop_options"]
 
@@ -31,8 +31,32 @@ class AttentionOptions:
             attention; 1 is multi-query), or None for H. Must divide H.
         rope_max_wavelength: the base of rotary position embeddings applied
             to queries and keys per head, or None for none; d must be even.
-        rope_scaling_factor: linear position scaling of RoPE (> 0).
+        rope_scaling_factor: linear position scaling of RoPE (> 0); for
+            `rope_type` llama3 and yarn, Hugging Face's `factor`.
         rope_interleaved: pair features (2i, 2i + 1) instead of (i, i + d/2).
+        rope_type: `"default"`, `"linear"` (both `theta_i /
+            rope_scaling_factor`), `"llama3"` or `"yarn"`, with Hugging Face's
+            formulas (`keras_attn.rotary_embedding`); `"dynamic"` and
+            `"longrope"` are refused. Not `"default"` only with
+            `rope_max_wavelength`.
+        rope_low_freq_factor, rope_high_freq_factor: llama3's (Llama 3.1: 1
+            and 4; high > low).
+        rope_original_max_position_embeddings: llama3 and yarn (required
+            there): the context length of pretraining.
+        rope_beta_fast, rope_beta_slow: yarn's ramp bounds (32 and 1).
+        rope_attention_factor: yarn's multiplier of cos and sin, or None for
+            `0.1 ln(rope_scaling_factor) + 1`.
+        rope_mscale, rope_mscale_all_dim: yarn's (DeepSeek), or None: both
+            set, the attention factor is the ratio of `0.1 m ln s + 1` for
+            the two.
+        rope_truncate: yarn's: round the ramp's bounds to whole frequencies
+            (Hugging Face's default, True).
+
+        The RoPE parameters are flat fields named `rope_` + Hugging Face's
+        `rope_parameters` key (keras-hub's `RotaryEmbedding` argument where
+        it has one), like `rope_max_wavelength`: plain JSON values in the
+        layers' configs, one keyword each, and no nested object to
+        serialise; `rope_type` keeps its name, which both libraries use.
         sliding_window: W, or None: position p attends j only if
             `0 <= p - j < W` (causal) or `|p - j| < W`.
         logit_soft_cap: c > 0, or None: logits become `c * tanh(logits / c)`.
@@ -65,6 +89,16 @@ class AttentionOptions:
     qk_norm: str | None = None
     qk_norm_epsilon: float = 1e-6
     scale: float | None = None
+    rope_type: str = "default"
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position_embeddings: int | None = None
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attention_factor: float | None = None
+    rope_mscale: float | None = None
+    rope_mscale_all_dim: float | None = None
+    rope_truncate: bool = True
 
     def __post_init__(self):
         checked = {
@@ -82,6 +116,16 @@ class AttentionOptions:
             "qk_norm_epsilon": check_positive_float("qk_norm_epsilon", self.qk_norm_epsilon),
             "scale": check_positive_float("scale", self.scale, allow_none=True),
         }
+        rope = check_rope_scaling(
+            self.rope_type, self.rope_scaling_factor, self.rope_low_freq_factor,
+            self.rope_high_freq_factor, self.rope_original_max_position_embeddings,
+            self.rope_beta_fast, self.rope_beta_slow, self.rope_attention_factor,
+            self.rope_mscale, self.rope_mscale_all_dim, self.rope_truncate, prefix="rope_")
+        checked.update({f"rope_{name}": value for name, value in rope.items()})
+        if self.rope_type != "default" and self.rope_max_wavelength is None:
+            raise ValueError(
+                "`rope_type` applies to rotary embeddings, which need `rope_max_wavelength`. "
+                f"Received: rope_type={self.rope_type!r}, rope_max_wavelength=None")
         if self.qk_norm not in QK_NORMS:
             raise ValueError(
                 f"`qk_norm` must be None, 'rms' or 'layer'. Received: qk_norm={self.qk_norm!r}")

@@ -5,6 +5,25 @@ scaling_factor` for `i < d / 2`, and position p is rotated by the angles
 `p * theta_i`. The angles are computed in float32 at least, whatever the
 compute dtype, then the rotation is applied in the input's dtype.
 
+`rope_type` chooses how the frequencies are scaled, with Hugging Face
+transformers' formulas (`modeling_rope_utils.py`; `scaling_factor` is their
+`factor`, `max_wavelength` their `rope_theta`):
+- `"default"`, `"linear"`: `theta_i / scaling_factor` (the same: a
+  `scaling_factor` other than 1 was linear scaling before `rope_type`);
+- `"llama3"` (Llama 3.1-3.3): wavelengths `2 pi / theta_i` longer than
+  `original_max_position_embeddings / low_freq_factor` are divided by
+  `scaling_factor`, those shorter than `.. / high_freq_factor` kept, and
+  those between interpolated smoothly;
+- `"yarn"` (YaRN, arXiv 2309.00071): per frequency a ramp between the
+  original and the interpolated `theta_i / scaling_factor`, bounded by
+  `beta_fast` and `beta_slow` rotations over
+  `original_max_position_embeddings` (`truncate`: bounds rounded to whole
+  frequencies), and cos and sin multiplied by `attention_factor` (default
+  `0.1 ln(scaling_factor) + 1`, or the ratio of that with `mscale` and with
+  `mscale_all_dim` when both are set, as DeepSeek's configs give).
+`"dynamic"` and `"longrope"` are refused. The frequencies depend only on
+constants: they are computed once in float64 NumPy and enter as a constant.
+
 Two pairings of the features, both in use:
 - half-split (default; Hugging Face Llama, keras-hub `RotaryEmbedding`):
   feature `i` pairs with `i + d/2`, `x * cos + rotate_half(x) * sin`,
@@ -14,26 +33,108 @@ Two pairings of the features, both in use:
 Dimension letters: B batch, L sequence length, d the rotated (last) axis.
 """
 
+import math
+import numbers
+
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._shapes import softmax_dtype, static_shape
 from keras_attn._typing import Tensor
-from keras_attn._validation import check_positive_float
+from keras_attn._validation import check_positive_float, check_rope_scaling
 
 __all__ = ["RotaryEmbedding", "rotary_embedding"]
 
+# The RoPE parameters beyond `max_wavelength` and `scaling_factor`, with their defaults
+# (Hugging Face's where it has one: beta_fast 32, beta_slow 1, truncate True; Llama 3.1's
+# low_freq_factor 1 and high_freq_factor 4).
+ROPE_DEFAULTS = {
+    "rope_type": "default",
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": None,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "attention_factor": None,
+    "mscale": None,
+    "mscale_all_dim": None,
+    "truncate": True,
+}
 
-def _angles(positions, dim, max_wavelength, scaling_factor, dtype):
-    """`(..., L, d/2)` angles `p * theta_i` in `dtype` (float32 at least)."""
-    exponents = ops.arange(0, dim // 2, dtype=dtype) * (-2.0 / dim)
-    theta = ops.power(ops.cast(max_wavelength, dtype), exponents) / scaling_factor  # (d/2,)
-    return ops.expand_dims(ops.cast(positions, dtype), -1) * theta  # (..., L, d/2)
+
+def _yarn_mscale(factor, mscale=1.0):
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_frequencies(dim, max_wavelength, scaling_factor=1.0, rope_type="default",
+                     low_freq_factor=1.0, high_freq_factor=4.0,
+                     original_max_position_embeddings=None, beta_fast=32.0, beta_slow=1.0,
+                     attention_factor=None, mscale=None, mscale_all_dim=None, truncate=True):
+    """`(theta, attention_factor)`: the d/2 inverse frequencies (float64 NumPy) and the
+    multiplier of cos and sin, for a checked `rope_type` and its parameters."""
+    base = float(max_wavelength)
+    inv = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)  # (d/2,)
+    if rope_type in ("default", "linear"):
+        return inv / scaling_factor, 1.0
+    old = float(original_max_position_embeddings)
+    if rope_type == "llama3":
+        low_wavelength, high_wavelength = old / low_freq_factor, old / high_freq_factor
+        wavelength = 2 * math.pi / inv
+        scaled = np.where(wavelength > low_wavelength, inv / scaling_factor, inv)
+        smooth = (old / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed = (1 - smooth) * scaled / scaling_factor + smooth * scaled
+        medium = (wavelength >= high_wavelength) & (wavelength <= low_wavelength)
+        return np.where(medium, smoothed, scaled), 1.0
+    # yarn
+    def correction_dim(rotations):  # the frequency index that turns `rotations` times
+        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as Hugging Face: no zero division
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    theta = (inv / scaling_factor) * ramp + inv * (1 - ramp)
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = (_yarn_mscale(scaling_factor, mscale)
+                                / _yarn_mscale(scaling_factor, mscale_all_dim))
+        else:
+            attention_factor = _yarn_mscale(scaling_factor)
+    return theta, float(attention_factor)
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _angles(positions, dim, max_wavelength, scaling_factor, dtype, rope):
+    """`(..., L, d/2)` angles `p * theta_i` in `dtype` (float32 at least), and the
+    cos/sin multiplier."""
+    if rope["rope_type"] in ("default", "linear") and not (
+            _is_number(max_wavelength) and _is_number(scaling_factor)):
+        # Tensor-valued base or factor (allowed before `rope_type`): computed in `dtype`.
+        exponents = ops.arange(0, dim // 2, dtype=dtype) * (-2.0 / dim)
+        theta = ops.power(ops.cast(max_wavelength, dtype), exponents) / scaling_factor
+        factor = 1.0
+    else:
+        theta, factor = rope_frequencies(dim, max_wavelength, scaling_factor, **rope)
+        theta = ops.convert_to_tensor(np.asarray(theta, dtype), dtype=dtype)  # (d/2,)
+    return ops.expand_dims(ops.cast(positions, dtype), -1) * theta, factor  # (..., L, d/2)
 
 
 def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: int | Tensor = 0,
                      max_wavelength: float = 10000.0, scaling_factor: float = 1.0,
-                     interleaved: bool = False, sequence_axis: int = 1) -> Tensor:
+                     interleaved: bool = False, sequence_axis: int = 1,
+                     rope_type: str = "default", low_freq_factor: float = 1.0,
+                     high_freq_factor: float = 4.0,
+                     original_max_position_embeddings: int | None = None,
+                     beta_fast: float = 32.0, beta_slow: float = 1.0,
+                     attention_factor: float | None = None, mscale: float | None = None,
+                     mscale_all_dim: float | None = None, truncate: bool = True) -> Tensor:
     """Rotate the last axis of `x` by its positions.
 
     Args:
@@ -47,6 +148,25 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
         scaling_factor: linear position scaling, `theta_i / scaling_factor`.
         interleaved: pair features (2i, 2i + 1) instead of (i, i + d/2).
         sequence_axis: the axis of `x` that positions index.
+        rope_type: `"default"`, `"linear"` (both: `theta_i / scaling_factor`),
+            `"llama3"` or `"yarn"` (see the module docstring; Hugging Face's
+            formulas, `scaling_factor` being their `factor`).
+        low_freq_factor: llama3: wavelengths above
+            `original_max_position_embeddings / low_freq_factor` are scaled.
+        high_freq_factor: llama3: wavelengths below
+            `original_max_position_embeddings / high_freq_factor` are kept
+            (> `low_freq_factor`).
+        original_max_position_embeddings: llama3 and yarn: the context length
+            of pretraining (required for those).
+        beta_fast: yarn: the rotations bounding the kept (extrapolated) part.
+        beta_slow: yarn: the rotations bounding the interpolated part.
+        attention_factor: yarn: the multiplier of cos and sin, or None for
+            `0.1 ln(scaling_factor) + 1` (with `mscale` / `mscale_all_dim`).
+        mscale: yarn, with `mscale_all_dim`: the attention factor is
+            `(0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1)`.
+        mscale_all_dim: yarn: see `mscale`.
+        truncate: yarn: round the ramp's bounds to whole frequencies
+            (Hugging Face's `truncate`, default True).
 
     Returns:
         A tensor of the shape and dtype of `x`.
@@ -68,12 +188,16 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
             "Rotary embeddings rotate pairs of features: the last axis must be even. "
             f"Received: x.shape={shape}"
         )
+    rope = _rope_arguments(
+        rope_type, scaling_factor, low_freq_factor, high_freq_factor,
+        original_max_position_embeddings, beta_fast, beta_slow, attention_factor, mscale,
+        mscale_all_dim, truncate)
     sequence_axis = sequence_axis % len(shape)
     compute = softmax_dtype(x.dtype)  # float32 at least
     if positions is None:
         length = ops.shape(x)[sequence_axis]
         positions = ops.arange(length, dtype="int32") + start_index  # (L,)
-    angles = _angles(positions, dim, max_wavelength, scaling_factor, compute)  # (..., L, d/2)
+    angles, factor = _angles(positions, dim, max_wavelength, scaling_factor, compute, rope)
     # Put L on the sequence axis and 1s on the axes between it and d.
     for _ in range(len(shape) - sequence_axis - 2):
         angles = ops.expand_dims(angles, -2)
@@ -81,8 +205,20 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
         angles = ops.repeat(angles, 2, axis=-1)  # (..., d): theta_0, theta_0, theta_1, ...
     else:
         angles = ops.concatenate([angles, angles], axis=-1)  # (..., d)
-    cos, sin = ops.cast(ops.cos(angles), x.dtype), ops.cast(ops.sin(angles), x.dtype)
+    cos, sin = ops.cos(angles), ops.sin(angles)
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor  # in float32 at least, as Hugging Face
+    cos, sin = ops.cast(cos, x.dtype), ops.cast(sin, x.dtype)
     return x * cos + _rotate(x, interleaved) * sin
+
+
+def _rope_arguments(rope_type, scaling_factor, *parameters, prefix=""):
+    """The RoPE type's parameters (checked unless the type is default/linear)."""
+    if rope_type in ("default", "linear"):  # scaling_factor may be a tensor, as before
+        return {"rope_type": rope_type}
+    names = [name for name in ROPE_DEFAULTS if name != "rope_type"]
+    checked = check_rope_scaling(rope_type, scaling_factor, *parameters, prefix=prefix)
+    return {"rope_type": rope_type, **{name: checked[name] for name in names}}
 
 
 def _rotate(x, interleaved):
@@ -99,15 +235,36 @@ def _rotate(x, interleaved):
 class RotaryEmbedding(keras.layers.Layer):
     """Rotary position embedding as a layer (no weights).
 
-    The same arguments and call as keras-hub's `RotaryEmbedding`, plus
-    `interleaved`; see `keras_attn.rotary_embedding` for the maths.
+    The same arguments and call as keras-hub's `RotaryEmbedding` (its
+    `rope_type`, `beta_fast`, `beta_slow`, `original_max_position_embeddings`,
+    `truncate`), plus `interleaved` and Hugging Face's llama3 and YaRN
+    parameters; see `keras_attn.rotary_embedding` for the maths. Differences
+    from keras-hub: the default `rope_type` is `"default"` (keras-hub's
+    `"linear"`, the same frequencies); `"dynamic"` is refused;
+    `original_max_position_embeddings` has no default (keras-hub's 4096) and
+    is required for llama3 and yarn; `truncate` is Hugging Face's (round the
+    ramp's bounds, default True) and never clamps positions, as keras-hub's
+    `truncate=True` also does.
 
     Args:
         max_wavelength: the base of the frequencies. Defaults to 10000.
-        scaling_factor: linear position scaling (`theta_i / scaling_factor`).
+        scaling_factor: linear position scaling (`theta_i / scaling_factor`);
+            for llama3 and yarn, Hugging Face's `factor`.
         interleaved: pair features (2i, 2i + 1) (the paper, GPT-J) instead of
             (i, i + d/2) (Llama, the default).
         sequence_axis: the axis of the input that positions index.
+        rope_type: `"default"`, `"linear"`, `"llama3"` or `"yarn"`.
+        low_freq_factor: llama3's (Llama 3.1: 1).
+        high_freq_factor: llama3's (Llama 3.1: 4).
+        original_max_position_embeddings: llama3 and yarn: the context length
+            of pretraining.
+        beta_fast: yarn's (default 32).
+        beta_slow: yarn's (default 1).
+        attention_factor: yarn's multiplier of cos and sin, or None for
+            `0.1 ln(scaling_factor) + 1`.
+        mscale: yarn's, with `mscale_all_dim` (DeepSeek).
+        mscale_all_dim: yarn's, with `mscale`.
+        truncate: yarn's: round the ramp's bounds to whole frequencies.
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -128,18 +285,34 @@ class RotaryEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, max_wavelength: float = 10000, scaling_factor: float = 1.0,
-                 interleaved: bool = False, sequence_axis: int = 1, **kwargs) -> None:
+                 interleaved: bool = False, sequence_axis: int = 1, rope_type: str = "default",
+                 low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                 original_max_position_embeddings: int | None = None,
+                 beta_fast: float = 32.0, beta_slow: float = 1.0,
+                 attention_factor: float | None = None, mscale: float | None = None,
+                 mscale_all_dim: float | None = None, truncate: bool = True,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.max_wavelength = check_positive_float("max_wavelength", max_wavelength)
-        self.scaling_factor = check_positive_float("scaling_factor", scaling_factor)
         self.interleaved = bool(interleaved)
         self.sequence_axis = int(sequence_axis)
+        checked = check_rope_scaling(
+            rope_type, scaling_factor, low_freq_factor, high_freq_factor,
+            original_max_position_embeddings, beta_fast, beta_slow, attention_factor, mscale,
+            mscale_all_dim, truncate)
+        self.rope_type = rope_type
+        for name, value in checked.items():
+            setattr(self, name, value)
         self.supports_masking = True
         self.built = True
 
+    def _rope(self):
+        return {name: getattr(self, name) for name in ROPE_DEFAULTS}
+
     def call(self, inputs, start_index=0, positions=None):
         return rotary_embedding(inputs, positions, start_index, self.max_wavelength,
-                                self.scaling_factor, self.interleaved, self.sequence_axis)
+                                self.scaling_factor, self.interleaved, self.sequence_axis,
+                                **self._rope())
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -151,5 +324,6 @@ class RotaryEmbedding(keras.layers.Layer):
             "scaling_factor": self.scaling_factor,
             "interleaved": self.interleaved,
             "sequence_axis": self.sequence_axis,
+            **self._rope(),
         })
         return config

@@ -38,9 +38,15 @@ def dense_config(layer):
 
 def rope(x, positions, options):
     """`keras_attn.rotary_embedding` of `(B, L, heads, d)` heads with the options' RoPE."""
-    return rotary_embedding(x, positions, max_wavelength=options.rope_max_wavelength,
-                            scaling_factor=options.rope_scaling_factor,
-                            interleaved=options.rope_interleaved)
+    return rotary_embedding(
+        x, positions, max_wavelength=options.rope_max_wavelength,
+        scaling_factor=options.rope_scaling_factor, interleaved=options.rope_interleaved,
+        rope_type=options.rope_type, low_freq_factor=options.rope_low_freq_factor,
+        high_freq_factor=options.rope_high_freq_factor,
+        original_max_position_embeddings=options.rope_original_max_position_embeddings,
+        beta_fast=options.rope_beta_fast, beta_slow=options.rope_beta_slow,
+        attention_factor=options.rope_attention_factor, mscale=options.rope_mscale,
+        mscale_all_dim=options.rope_mscale_all_dim, truncate=options.rope_truncate)
 
 
 def dense(layer, units, name):

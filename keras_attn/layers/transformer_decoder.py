@@ -29,9 +29,10 @@ class TransformerDecoderLayer(TransformerLayerBase):
     `kernel_initializer`, `bias_initializer`, the self-attention's options
     (`num_key_value_heads`, `rope_max_wavelength`, `rope_scaling_factor`,
     `rope_interleaved`, `sliding_window`, `logit_soft_cap`, `qk_norm`, and
-    by keyword any other `AttentionOptions` field such as `scale`),
-    `normalization`, `use_bias`, `gated_feed_forward`, `implementation` and
-    `attention_dropout` (both attention sublayers).
+    by keyword any other `AttentionOptions` field such as `scale`, or
+    `rope_type` and its `rope_*` parameters), `normalization`, `use_bias`,
+    `gated_feed_forward`, `implementation` and `attention_dropout` (both
+    attention sublayers).
 
     Sublayers: `self_attention`, `self_attention_norm`, `cross_attention`,
     `cross_attention_norm` (only with memory), `feed_forward`,

@@ -36,8 +36,9 @@ class TransformerEncoderLayer(TransformerLayerBase):
         num_key_value_heads, rope_max_wavelength, rope_scaling_factor,
             rope_interleaved, sliding_window, logit_soft_cap, qk_norm: the
             self-attention's options (`keras_attn.options.AttentionOptions`,
-            whose other fields, `qk_norm_epsilon` and `scale`, are keywords
-            too; stored as `self.options`); cross-attention takes none of them.
+            whose other fields, `qk_norm_epsilon`, `scale`, `rope_type` and its
+            `rope_*` parameters such as `rope_beta_fast`, are keywords too;
+            stored as `self.options`); cross-attention takes none of them.
         normalization: `"layer"` (`LayerNormalization`, default) or `"rms"`
             (`RMSNormalization`) for every norm.
         use_bias: whether the attention and feed-forward dense layers have

@@ -28,6 +28,7 @@ __all__ = [
     "multi_head_attention",
     "numerical_gradient",
     "rms_norm",
+    "rope_inverse_frequencies",
     "rotary_embedding",
     "scaled_dot_product_attention",
     "sliding_window_mask",
@@ -131,20 +132,78 @@ def scaled_dot_product_attention(
     return np.matmul(weights, v), weights
 
 
+def rope_inverse_frequencies(d, max_wavelength=10000.0, scaling_factor=1.0, rope_type="default",
+                             low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=None, beta_fast=32.0,
+                             beta_slow=1.0, attention_factor=None, mscale=None,
+                             mscale_all_dim=None, truncate=True):
+    """The d/2 RoPE frequencies theta_i and the cos/sin multiplier, float64.
+
+    Written from Hugging Face transformers' `modeling_rope_utils.py`
+    (`_compute_linear_scaling_rope_parameters`, `_compute_llama3_parameters`,
+    `_compute_yarn_parameters`), `scaling_factor` being their `factor` and
+    `max_wavelength` their `rope_theta`. "default" divides by
+    `scaling_factor` too (keras_attn's meaning before `rope_type`).
+    """
+    theta = [max_wavelength ** (-2.0 * i / d) for i in range(d // 2)]
+    theta = np.array(theta, np.float64)
+    if rope_type in ("default", "linear"):
+        return theta / scaling_factor, 1.0
+    context = float(original_max_position_embeddings)
+    if rope_type == "llama3":
+        out = np.empty_like(theta)
+        for i, t in enumerate(theta):
+            wavelength = 2.0 * math.pi / t
+            if wavelength < context / high_freq_factor:  # high frequency: kept
+                out[i] = t
+            elif wavelength > context / low_freq_factor:  # low frequency: interpolated
+                out[i] = t / scaling_factor
+            else:  # between: a smooth mix of the two
+                s = (context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+                out[i] = (1.0 - s) * t / scaling_factor + s * t
+        return out, 1.0
+    if rope_type != "yarn":
+        raise ValueError(f"reference has no rope_type {rope_type!r}")
+
+    def dimension(rotations):  # i such that theta_i * context = 2 pi rotations, for theta_i(i)
+        return d * math.log(context / (2.0 * math.pi * rotations)) / (2.0 * math.log(max_wavelength))
+
+    lo, hi = dimension(beta_fast), dimension(beta_slow)
+    if truncate:
+        lo, hi = float(math.floor(lo)), float(math.ceil(hi))
+    lo, hi = max(lo, 0.0), min(hi, d - 1.0)
+    if hi == lo:
+        hi = hi + 0.001
+    out = np.empty_like(theta)
+    for i, t in enumerate(theta):
+        interpolated = min(max((i - lo) / (hi - lo), 0.0), 1.0)  # 0: extrapolate (keep)
+        out[i] = interpolated * t / scaling_factor + (1.0 - interpolated) * t
+
+    def m(scale, weight):
+        return 1.0 if scale <= 1.0 else 0.1 * weight * math.log(scale) + 1.0
+
+    if attention_factor is None:
+        attention_factor = (m(scaling_factor, mscale) / m(scaling_factor, mscale_all_dim)
+                            if mscale and mscale_all_dim else m(scaling_factor, 1.0))
+    return out, float(attention_factor)
+
+
 def rotary_embedding(x, positions, max_wavelength=10000.0, scaling_factor=1.0,
-                     interleaved=False):
+                     interleaved=False, **rope):
     """Rotary position embedding (RoPE) of `x` `(..., L, d)` at `positions` `(L,)`.
 
-    theta_i = max_wavelength^(-2i/d) / scaling_factor for i < d/2; the angle
-    of position p is p * theta_i. Half-split form (default): pairs (i, i + d/2),
+    theta_i = max_wavelength^(-2i/d) / scaling_factor for i < d/2 (other
+    `rope_type`s in `**rope`: `rope_inverse_frequencies`); the angle of
+    position p is p * theta_i, and cos and sin are multiplied by the type's
+    attention factor (yarn). Half-split form (default): pairs (i, i + d/2),
     `x * cos + rotate_half(x) * sin` with `rotate_half(x) = concat(-x2, x1)`;
     interleaved form: pairs (2i, 2i + 1).
     """
     x = np.asarray(x, np.float64)
     d = x.shape[-1]
-    theta = max_wavelength ** (-np.arange(0, d // 2) * 2.0 / d) / scaling_factor  # (d/2,)
+    theta, factor = rope_inverse_frequencies(d, max_wavelength, scaling_factor, **rope)
     angle = np.asarray(positions, np.float64)[..., None] * theta  # (..., L, d/2)
-    cos, sin = np.cos(angle), np.sin(angle)
+    cos, sin = np.cos(angle) * factor, np.sin(angle) * factor
     if interleaved:
         x1, x2 = x[..., 0::2], x[..., 1::2]
         out = np.empty_like(x)
@@ -193,9 +252,13 @@ def multi_head_attention(
     params, query, key=None, value=None, num_heads=1, mask=None,
     is_causal=False, num_key_value_heads=None, rope_max_wavelength=None,
     rope_scaling_factor=1.0, rope_interleaved=False, sliding_window=None,
-    logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None,
+    logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None, rope_type="default",
+    **rope_parameters,
 ):
     """Multi-head attention, paper Section 3.2.2, with today's options.
+
+    `rope_parameters` are the other `rope_<name>` options (`rope_beta_fast`,
+    ...): `rope_inverse_frequencies`'s `<name>`.
 
     params: dicts `query`, `key`, `value`, `output` (dense layers), and
     `query_norm`, `key_norm` with `qk_norm`. Head h owns columns
@@ -206,6 +269,9 @@ def multi_head_attention(
     `mask` broadcasts to `(B, T, S)` or `(B, H, T, S)`. Returns
     `(B, T, out)` and the weights `(B, H, T, S)`.
     """
+    unknown = [n for n in rope_parameters if not n.startswith("rope_")]
+    if unknown:
+        raise TypeError(f"reference.multi_head_attention got unknown arguments {unknown}")
     key = value if key is None else key
     key = query if key is None else key
     value = key if value is None else value
@@ -219,7 +285,8 @@ def multi_head_attention(
     if rope_max_wavelength is not None:
         T, S = q.shape[2], k.shape[2]
         rope = dict(max_wavelength=rope_max_wavelength, scaling_factor=rope_scaling_factor,
-                    interleaved=rope_interleaved)
+                    interleaved=rope_interleaved, rope_type=rope_type,
+                    **{n[len("rope_"):]: v for n, v in rope_parameters.items()})
         q = rotary_embedding(q, np.arange(T) + (S - T), **rope)
         k = rotary_embedding(k, np.arange(S), **rope)
     if mask is not None:
