@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.parity import cases, worker
+from keras_attn.parity import cases, expected, worker
 from keras_attn.testing.tolerances import tolerance
 
 CACHED = [c for c in cases.CASES if "cached_prefill" in c.call]
@@ -26,6 +26,6 @@ def test_there_are_cached_cases_of_both_layers():
 def test_cached_case_matches_the_uncached_reference(case):
     inputs, masks, weights = cases.case_arrays(case)
     result = worker.run_case(case, "float32", inputs, masks, weights, gradients=False)
-    expected = cases.reference_forward(case, inputs, masks, weights)
+    want = expected.reference_forward(case, inputs, masks, weights)
     tol = tolerance("float32", "output", "cpu")
-    np.testing.assert_allclose(result["output"], expected, rtol=tol["rtol"], atol=tol["atol"])
+    np.testing.assert_allclose(result["output"], want, rtol=tol["rtol"], atol=tol["atol"])

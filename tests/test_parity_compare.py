@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from keras_attn.parity import cases, report
+from keras_attn.parity import cases, expected, report
 from keras_attn.parity.cli import _list, installed_backends
 from keras_attn.parity.compare import REFERENCE, compare_arrays, compare_backends
 from keras_attn.testing.tolerances import TOLERANCES, tolerance
@@ -135,7 +135,7 @@ def test_reference_gradient_matches_a_hand_derivation():
     case = cases.Case("lin", "ffn", "", {"intermediate_dim": 3, "activation": "linear"},
                       {"inputs": (2, 2, 4)})
     inputs, masks, weights = cases.case_arrays(case)
-    result = cases.reference_result(case, inputs, masks, weights)
+    result = expected.reference_result(case, inputs, masks, weights)
     cot = cases.cotangent(case, result["output"].shape)
     np.testing.assert_allclose(result["grad/output/bias"], cot.sum(axis=(0, 1)), atol=1e-8)
     w2 = weights["output/kernel"].astype(np.float64)

@@ -134,7 +134,7 @@ def _write_arrays(path, cases):
 def _run_workers(args, backends, cases, tmp):
     """Start the workers one after the other; the reference is computed while
     the first one runs. Returns (results, metas, reference) or an exit code."""
-    from keras_attn.parity.cases import reference_result
+    from keras_attn.parity.expected import reference_result
 
     per_case = _write_arrays(os.path.join(tmp, "arrays.npz"), cases)
     results, metas, reference = {}, {}, None

@@ -2,8 +2,9 @@
 
 Written from "Attention Is All You Need" (Vaswani et al., 2017), Eq. 1 and 2
 and Section 3, and from the mask conventions of keras_attn (docs/guides/masks.md). It
-imports NumPy and the standard library only, never `keras` or `keras_attn`,
-so that comparing a layer against it compares two independent derivations.
+imports NumPy and the standard library only, never `keras` or `keras_attn`
+(beyond this folder: RoPE is in `rope_reference`), so that comparing a layer
+against it compares two independent derivations.
 
 Shapes: B batch, H heads, T query length, S key length, d_k key/query width
 per head, d_v value width per head. Masks are boolean, True = may attend.
@@ -16,6 +17,8 @@ a dense layer is `{"kernel": (in, out), "bias": (out,) or None}` and computes
 import math
 
 import numpy as np
+
+from keras_attn.testing.rope_reference import rope_inverse_frequencies, rotary_embedding
 
 __all__ = [
     "activation",
@@ -130,88 +133,6 @@ def scaled_dot_product_attention(
             e = np.exp(row[keep] - row[keep].max())
             weights[index][keep] = e / e.sum()
     return np.matmul(weights, v), weights
-
-
-def rope_inverse_frequencies(d, max_wavelength=10000.0, scaling_factor=1.0, rope_type="default",
-                             low_freq_factor=1.0, high_freq_factor=4.0,
-                             original_max_position_embeddings=None, beta_fast=32.0,
-                             beta_slow=1.0, attention_factor=None, mscale=None,
-                             mscale_all_dim=None, truncate=True):
-    """The d/2 RoPE frequencies theta_i and the cos/sin multiplier, float64.
-
-    Written from Hugging Face transformers' `modeling_rope_utils.py`
-    (`_compute_linear_scaling_rope_parameters`, `_compute_llama3_parameters`,
-    `_compute_yarn_parameters`), `scaling_factor` being their `factor` and
-    `max_wavelength` their `rope_theta`. "default" divides by
-    `scaling_factor` too (keras_attn's meaning before `rope_type`).
-    """
-    theta = [max_wavelength ** (-2.0 * i / d) for i in range(d // 2)]
-    theta = np.array(theta, np.float64)
-    if rope_type in ("default", "linear"):
-        return theta / scaling_factor, 1.0
-    context = float(original_max_position_embeddings)
-    if rope_type == "llama3":
-        out = np.empty_like(theta)
-        for i, t in enumerate(theta):
-            wavelength = 2.0 * math.pi / t
-            if wavelength < context / high_freq_factor:  # high frequency: kept
-                out[i] = t
-            elif wavelength > context / low_freq_factor:  # low frequency: interpolated
-                out[i] = t / scaling_factor
-            else:  # between: a smooth mix of the two
-                s = (context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
-                out[i] = (1.0 - s) * t / scaling_factor + s * t
-        return out, 1.0
-    if rope_type != "yarn":
-        raise ValueError(f"reference has no rope_type {rope_type!r}")
-
-    def dimension(rotations):  # i such that theta_i * context = 2 pi rotations, for theta_i(i)
-        return d * math.log(context / (2.0 * math.pi * rotations)) / (2.0 * math.log(max_wavelength))
-
-    lo, hi = dimension(beta_fast), dimension(beta_slow)
-    if truncate:
-        lo, hi = float(math.floor(lo)), float(math.ceil(hi))
-    lo, hi = max(lo, 0.0), min(hi, d - 1.0)
-    if hi == lo:
-        hi = hi + 0.001
-    out = np.empty_like(theta)
-    for i, t in enumerate(theta):
-        interpolated = min(max((i - lo) / (hi - lo), 0.0), 1.0)  # 0: extrapolate (keep)
-        out[i] = interpolated * t / scaling_factor + (1.0 - interpolated) * t
-
-    def m(scale, weight):
-        return 1.0 if scale <= 1.0 else 0.1 * weight * math.log(scale) + 1.0
-
-    if attention_factor is None:
-        attention_factor = (m(scaling_factor, mscale) / m(scaling_factor, mscale_all_dim)
-                            if mscale and mscale_all_dim else m(scaling_factor, 1.0))
-    return out, float(attention_factor)
-
-
-def rotary_embedding(x, positions, max_wavelength=10000.0, scaling_factor=1.0,
-                     interleaved=False, **rope):
-    """Rotary position embedding (RoPE) of `x` `(..., L, d)` at `positions` `(L,)`.
-
-    theta_i = max_wavelength^(-2i/d) / scaling_factor for i < d/2 (other
-    `rope_type`s in `**rope`: `rope_inverse_frequencies`); the angle of
-    position p is p * theta_i, and cos and sin are multiplied by the type's
-    attention factor (yarn). Half-split form (default): pairs (i, i + d/2),
-    `x * cos + rotate_half(x) * sin` with `rotate_half(x) = concat(-x2, x1)`;
-    interleaved form: pairs (2i, 2i + 1).
-    """
-    x = np.asarray(x, np.float64)
-    d = x.shape[-1]
-    theta, factor = rope_inverse_frequencies(d, max_wavelength, scaling_factor, **rope)
-    angle = np.asarray(positions, np.float64)[..., None] * theta  # (..., L, d/2)
-    cos, sin = np.cos(angle) * factor, np.sin(angle) * factor
-    if interleaved:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        out = np.empty_like(x)
-        out[..., 0::2] = x1 * cos - x2 * sin
-        out[..., 1::2] = x2 * cos + x1 * sin
-        return out
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def rms_norm(x, params, epsilon):
