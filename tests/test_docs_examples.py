@@ -129,6 +129,21 @@ class _File:
 _FILES = {}
 
 
+@pytest.fixture(autouse=True)
+def _fresh_state(request):
+    """Overrides conftest's: a fresh Keras session and float32 at a file's first block only.
+
+    A file's blocks share their models from block to block; clearing the session
+    between them renames the ops of models that live on (Keras 3.9 then refuses to
+    reload a model built before the clear: 'The name "not_equal" is used 2 times').
+    """
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    if params.get("path") not in _FILES:
+        keras.config.set_dtype_policy("float32")
+        keras.backend.clear_session()
+    yield
+
+
 def _run(path, line, code):
     source = "\n" * (line) + code  # line numbers in tracebacks are the Markdown file's
     exec(compile(source, f"{path.relative_to(ROOT)}:{line}", "exec"), _FILES[path].namespace)
