@@ -26,6 +26,12 @@ QK_NORMS = (None, "rms", "layer")
 class AttentionOptions:
     """The options that change what attention computes, checked when made.
 
+    The RoPE parameters are flat fields named `rope_` + Hugging Face's
+    `rope_parameters` key (keras-hub's `RotaryEmbedding` argument where it has
+    one), like `rope_max_wavelength`: plain JSON values in the layers' configs,
+    one keyword each, and no nested object to serialise; `rope_type` keeps its
+    name, which both libraries use.
+
     Args:
         num_key_value_heads: H_kv, the key/value heads (grouped-query
             attention; 1 is multi-query), or None for H. Must divide H.
@@ -51,12 +57,6 @@ class AttentionOptions:
             the two.
         rope_truncate: yarn's: round the ramp's bounds to whole frequencies
             (Hugging Face's default, True).
-
-        The RoPE parameters are flat fields named `rope_` + Hugging Face's
-        `rope_parameters` key (keras-hub's `RotaryEmbedding` argument where
-        it has one), like `rope_max_wavelength`: plain JSON values in the
-        layers' configs, one keyword each, and no nested object to
-        serialise; `rope_type` keeps its name, which both libraries use.
         sliding_window: W, or None: position p attends j only if
             `0 <= p - j < W` (causal) or `|p - j| < W`.
         logit_soft_cap: c > 0, or None: logits become `c * tanh(logits / c)`.
