@@ -184,6 +184,7 @@ class MultiHeadAttention(keras.layers.Layer):
             compat.implementation_from_config(implementation), flash_attention)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         self.options = options.for_heads(self.num_heads, self.key_dim)
+        self._options_window_in_mask = dataclasses.replace(self.options, sliding_window=None)
         self.supports_masking = True
 
     @property
@@ -281,9 +282,8 @@ class MultiHeadAttention(keras.layers.Layer):
     def _attend(self, q, k, v, mask, is_causal, window, training, return_scores, cached):
         """`keras_attn.attention.attend_heads` with this layer's settings (`window` None:
         the window is in `mask` already)."""
-        options = self.options
-        if window != options.sliding_window:
-            options = dataclasses.replace(options, sliding_window=window)
+        # Both made in __init__: `replace` re-validates every field, a cost per decode step.
+        options = self.options if window is not None else self._options_window_in_mask
         return attend_heads(
             q, k, v, options, mask=mask, is_causal=is_causal,
             implementation=self.implementation, dropout_rate=self.dropout,
