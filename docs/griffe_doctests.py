@@ -47,55 +47,60 @@ def fence_doctests(text):
     return "\n".join(out)
 
 
-def split_shared_args(text):
-    """`text` with each `Args:` entry naming several parameters split into one per name."""
+def _sections(text, header, rewrite):
+    """`text` with the entry lines of every `header` section (say `Args:`) passed through
+    `rewrite(lines, i, item)`, which returns `(new lines, index after them)`; `item` is the
+    entries' indent."""
     lines, out, i = text.splitlines(), [], 0
     while i < len(lines):
         line = lines[i]
         out.append(line)
         i += 1
-        if line.strip() != "Args:":
+        if line.strip() != header:
             continue
         item = line[: len(line) - len(line.lstrip())] + "    "
         while i < len(lines) and (not lines[i].strip() or lines[i].startswith(item)):
-            start, i = i, i + 1
-            while i < len(lines) and lines[i].startswith(item + " "):
-                i += 1  # the entry's continuation lines
-            entry = lines[start:i]
-            match = _SHARED.match(" ".join(part.strip() for part in entry))
-            if not entry[0].strip() or not match:
-                out += entry
-                continue
-            names = [n.strip() for n in match["names"].split(",")]
-            if len(entry) == 1:
-                out += [f"{item}{name}: {match['description']}" for name in names]
-                continue
-            # `entry` rejoined: "names: first words" on the first line, then the rest.
-            first = " ".join(part.strip() for part in entry)
-            description = first[first.index(":") + 1:].strip()
-            out.append(f"{item}{names[0]}: {description}")
-            out += [f"{item}{name}: as `{names[0]}`." for name in names[1:]]
+            new, i = rewrite(lines, i, item)
+            out += new
     return "\n".join(out)
+
+
+def _split_entry(lines, i, item):
+    """One `Args:` entry (with its continuation lines), split if it names several parameters."""
+    start, i = i, i + 1
+    while i < len(lines) and lines[i].startswith(item + " "):
+        i += 1  # the entry's continuation lines
+    entry = lines[start:i]
+    match = _SHARED.match(" ".join(part.strip() for part in entry))
+    if not entry[0].strip() or not match:
+        return entry, i
+    names = [n.strip() for n in match["names"].split(",")]
+    if len(entry) == 1:
+        return [f"{item}{name}: {match['description']}" for name in names], i
+    # `entry` rejoined: "names: first words" on the first line, then the rest.
+    first = " ".join(part.strip() for part in entry)
+    description = first[first.index(":") + 1:].strip()
+    return [f"{item}{names[0]}: {description}"] + [
+        f"{item}{name}: as `{names[0]}`." for name in names[1:]], i
+
+
+def _list_item(lines, i, item):
+    """One line of a `Call arguments:` section: an entry's first line becomes a list item."""
+    entry = lines[i]
+    if entry.strip() and not entry.startswith(item + " "):
+        name, colon, rest = entry.strip().partition(":")
+        entry = f"{item}- `{name}`:{rest}" if colon else f"{item}- {entry.strip()}"
+    return [entry], i + 1
+
+
+def split_shared_args(text):
+    """`text` with each `Args:` entry naming several parameters split into one per name."""
+    return _sections(text, "Args:", _split_entry)
 
 
 def list_call_arguments(text):
     """The entries of each `Call arguments:` section as Markdown list items."""
-    lines, out, i = text.splitlines(), [], 0
-    while i < len(lines):
-        line = lines[i]
-        out.append(line)
-        i += 1
-        if line.strip() != "Call arguments:":
-            continue
-        item = line[: len(line) - len(line.lstrip())] + "    "
-        while i < len(lines) and (not lines[i].strip() or lines[i].startswith(item)):
-            entry = lines[i]
-            if entry.strip() and not entry.startswith(item + " "):
-                name, colon, rest = entry.strip().partition(":")
-                entry = f"{item}- `{name}`:{rest}" if colon else f"{item}- {entry.strip()}"
-            out.append(entry)
-            i += 1
-    return "\n".join(out)
+    return _sections(text, "Call arguments:", _list_item)
 
 
 class FenceDoctests(griffe.Extension):
