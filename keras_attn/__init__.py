@@ -21,6 +21,7 @@ from keras_attn.attention import (
 from keras_attn.cache import empty_cache
 from keras_attn.generation import generate
 from keras_attn.layers import (
+    CausalLM,
     MultiHeadAttention,
     PositionwiseFeedForward,
     TransformerDecoderLayer,
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionOptions",
+    "CausalLM",
     "MultiHeadAttention",
     "PositionwiseFeedForward",
     "RotaryEmbedding",

@@ -1,0 +1,245 @@
+"""`CausalLM`: a decoder-only language model built from `TransformerDecoderLayer` blocks."""
+
+from collections.abc import Sequence
+
+import keras
+from keras import ops
+
+from keras_attn._validation import check_positive_float, check_positive_int
+from keras_attn.cache import empty_cache
+from keras_attn.generation import generate as generate_tokens
+from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
+
+__all__ = ["CausalLM"]
+
+
+def _check_token_ids(name, token_ids):
+    """`token_ids` as an int tensor `(B, T)`; a `ValueError` naming `name` otherwise."""
+    if not (hasattr(token_ids, "shape") and hasattr(token_ids, "dtype")):
+        token_ids = ops.convert_to_tensor(token_ids)
+    dtype = keras.backend.standardize_dtype(token_ids.dtype)
+    shape = tuple(token_ids.shape)
+    if "int" not in dtype or len(shape) != 2:
+        raise ValueError(
+            f"`{name}` must be integer token ids of shape (B, T). Received: "
+            f"{name}.shape={shape}, {name}.dtype={dtype}")
+    return token_ids
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class CausalLM(keras.Model):
+    """A decoder-only language model: token ids `(B, T)` to next-token logits `(B, T, V)`.
+
+    The model computes, in order: `x = token_embedding(ids)` `(B, T, D)`,
+    times `embedding_scale` if set (Gemma: `sqrt(D)`, the multiplier cast to
+    the compute dtype first, as Hugging Face does); each of the `blocks` (a
+    causal, decoder-only `keras_attn.TransformerDecoderLayer` without
+    memory; each keeps its own window, RoPE and options); `final_norm`
+    (`normalization`, `layer_norm_epsilon`); the head: the embedding matrix
+    transposed (`tie_word_embeddings=True`) or `lm_head`, a `Dense(V)`
+    without bias; and, if `final_logit_soft_cap` c is set,
+    `c * tanh(logits / c)` (Gemma 2). Positions are `0 .. T - 1`.
+
+    Shapes: B batch, T length, V `vocabulary_size`, D `hidden_dim`, P the
+    prompt length and L the generated length (`max_length`).
+
+    Sublayers (weight names): `token_embedding`, `blocks` (a list),
+    `final_norm` and, untied, `lm_head`. The model is built when made.
+
+    Args:
+        vocabulary_size: V.
+        hidden_dim: D, the width of the embedding and of every block.
+        blocks: the `keras_attn.TransformerDecoderLayer`s, in order (or
+            their serialized configs). A built block must be built for
+            `(..., D)` without memory; an unbuilt one is built here.
+        normalization: `"rms"` (`keras.layers.RMSNormalization`) or
+            `"layer"` (`keras.layers.LayerNormalization`): the final norm.
+        layer_norm_epsilon: the final norm's epsilon (> 0).
+        tie_word_embeddings: whether the head is the embedding matrix
+            transposed (True) or its own `lm_head` kernel `(D, V)`.
+        embedding_scale: the multiplier of the embedded tokens (> 0), or
+            None for none.
+        final_logit_soft_cap: c > 0, or None: the logits become
+            `c * tanh(logits / c)`.
+        **kwargs: `name`, `dtype` and the other arguments of `keras.Model`.
+
+    Call arguments:
+        token_ids: int `(B, T)`.
+
+    Returns:
+        The logits, `(B, T, V)` in the compute dtype.
+
+    Example: two blocks (the second with a sliding window), then 4 greedy tokens.
+
+    >>> import numpy as np
+    >>> import keras_attn
+    >>> blocks = [keras_attn.TransformerDecoderLayer(
+    ...     2, intermediate_dim=32, key_dim=8, rope_max_wavelength=1e4, normalization="rms",
+    ...     normalize_first=True, gated_feed_forward=True, activation="silu",
+    ...     use_bias=False, sliding_window=window) for window in (None, 3)]
+    >>> lm = keras_attn.CausalLM(vocabulary_size=50, hidden_dim=16, blocks=blocks)
+    >>> prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    >>> tuple(lm(prompt).shape)
+    (2, 3, 50)
+    >>> tokens = lm.generate(prompt, max_length=7)
+    >>> tuple(tokens.shape), str(tokens.dtype).split(".")[-1]
+    ((2, 7), 'int32')
+    """
+
+    def __init__(self, vocabulary_size: int, hidden_dim: int,
+                 blocks: Sequence[TransformerDecoderLayer | dict], *,
+                 normalization: str = "rms", layer_norm_epsilon: float = 1e-6,
+                 tie_word_embeddings: bool = True, embedding_scale: float | None = None,
+                 final_logit_soft_cap: float | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.vocabulary_size = check_positive_int("vocabulary_size", vocabulary_size)
+        self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
+        if normalization not in ("rms", "layer"):
+            raise ValueError("`normalization` must be 'rms' or 'layer'. "
+                             f"Received: normalization={normalization!r}")
+        self.normalization = normalization
+        self.layer_norm_epsilon = check_positive_float("layer_norm_epsilon", layer_norm_epsilon)
+        self.tie_word_embeddings = bool(tie_word_embeddings)
+        self.embedding_scale = check_positive_float(
+            "embedding_scale", embedding_scale, allow_none=True)
+        self.final_logit_soft_cap = check_positive_float(
+            "final_logit_soft_cap", final_logit_soft_cap, allow_none=True)
+        if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) or not blocks:
+            raise ValueError("`blocks` must be a non-empty list of "
+                             f"keras_attn.TransformerDecoderLayer. Received: blocks={blocks!r}")
+        self.blocks = [keras.saving.deserialize_keras_object(b) if isinstance(b, dict) else b
+                       for b in blocks]
+        for i, block in enumerate(self.blocks):
+            if not isinstance(block, TransformerDecoderLayer):
+                raise ValueError(
+                    "`blocks` must hold keras_attn.TransformerDecoderLayer instances. "
+                    f"Received: blocks[{i}] of type {type(block).__name__}")
+            if block.built and getattr(block, "has_memory", False):
+                raise ValueError(
+                    f"`blocks[{i}]` ('{block.name}') was built with memory (cross-attention); "
+                    "a causal LM's blocks are decoder-only. Received: a block with memory")
+        self.token_embedding = keras.layers.Embedding(
+            self.vocabulary_size, self.hidden_dim, dtype=self.dtype_policy,
+            name="token_embedding")
+        self.final_norm = (keras.layers.RMSNormalization if normalization == "rms"
+                           else keras.layers.LayerNormalization)(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm")
+        self.lm_head = None if self.tie_word_embeddings else keras.layers.Dense(
+            self.vocabulary_size, use_bias=False, dtype=self.dtype_policy, name="lm_head")
+        self.build((None, None))
+
+    def build(self, input_shape=None):
+        hidden_shape = (None, None, self.hidden_dim)
+        self.token_embedding.build((None, None))
+        for i, block in enumerate(self.blocks):
+            if not block.built:
+                block.build(hidden_shape)
+            elif tuple(block.self_attention.query_dense.kernel.shape)[0] != self.hidden_dim:
+                raise ValueError(
+                    f"`blocks[{i}]` ('{block.name}') was built for inputs of width "
+                    f"{block.self_attention.query_dense.kernel.shape[0]}, not hidden_dim="
+                    f"{self.hidden_dim}. Received: hidden_dim={self.hidden_dim}")
+        self.final_norm.build(hidden_shape)
+        if self.lm_head is not None:
+            self.lm_head.build(hidden_shape)
+        self.built = True
+
+    def _embed(self, token_ids):
+        x = self.token_embedding(token_ids)
+        if self.embedding_scale is not None:
+            x = x * ops.cast(self.embedding_scale, x.dtype)
+        return x
+
+    def _logits(self, x):
+        x = self.final_norm(x)
+        if self.lm_head is None:
+            kernel = ops.cast(self.token_embedding.embeddings, x.dtype)
+            logits = ops.matmul(x, ops.transpose(kernel))
+        else:
+            logits = self.lm_head(x)
+        if self.final_logit_soft_cap is not None:
+            cap = ops.cast(self.final_logit_soft_cap, logits.dtype)
+            logits = cap * ops.tanh(logits / cap)
+        return logits
+
+    def call(self, token_ids):
+        token_ids = _check_token_ids("token_ids", token_ids)
+        x = self._embed(token_ids)
+        for block in self.blocks:
+            x = block(x, use_causal_mask=True)
+        return self._logits(x)
+
+    def compute_output_spec(self, token_ids):
+        _check_token_ids("token_ids", token_ids)
+        shape = tuple(token_ids.shape)
+        return keras.KerasTensor(shape + (self.vocabulary_size,), dtype=self.compute_dtype)
+
+    def next_token_logits(self, token_ids, caches, cache_update_index):
+        """One cached step: `(logits (B, T, V), caches)`, the `next_token_fn` of `generate`.
+
+        `caches` is a list of one `keras_attn.empty_cache(block, B, S_max)` per
+        block; the T tokens are the positions `cache_update_index + i`.
+        """
+        x = self._embed(token_ids)
+        new_caches = []
+        for block, cache in zip(self.blocks, caches):
+            x, cache = block(x, self_attention_cache=cache,
+                             self_attention_cache_update_index=cache_update_index)
+            new_caches.append(cache)
+        return self._logits(x), new_caches
+
+    def generate(self, prompt_ids, max_length: int, *, end_token_id=None,
+                 temperature: float = 0.0, top_k: int | None = None, seed=None):
+        """Extend `prompt_ids` `(B, P)` to `(B, L)` tokens, greedy by default.
+
+        A prefill over the prompt, then one cached step per token inside
+        `keras.ops.while_loop` (`keras_attn.generation.generate`, which
+        documents `end_token_id`, `temperature`, `top_k` and `seed`), over
+        one key/value cache of L slots per block.
+
+        Args:
+            prompt_ids: int `(B, P)`, every row P real tokens.
+            max_length: L > P, the length of the result (prompt included).
+            end_token_id: None, a stop token id, or a list of them.
+            temperature: 0 for greedy decoding, else the sampling
+                temperature.
+            top_k: with sampling, only among the k most likely tokens.
+            seed: an int or `keras.random.SeedGenerator`, for sampling.
+
+        Returns:
+            int32 `(B, L)`: the prompt, then the generated tokens.
+        """
+        prompt_ids = _check_token_ids("prompt_ids", prompt_ids)
+        batch, prompt_length = tuple(prompt_ids.shape)
+        max_length = check_positive_int("max_length", max_length)
+        if prompt_length is not None and max_length <= prompt_length:
+            raise ValueError(
+                f"`max_length` is the length of the result, prompt included: it must exceed "
+                f"the prompt length P={prompt_length}. Received: max_length={max_length}")
+        if batch is None:
+            raise ValueError("`prompt_ids` needs a static batch size. "
+                             f"Received: prompt_ids.shape={tuple(prompt_ids.shape)}")
+        caches = [empty_cache(block, batch, max_length) for block in self.blocks]
+        return generate_tokens(self.next_token_logits, prompt_ids, max_length, caches,
+                               end_token_id=end_token_id, temperature=temperature,
+                               top_k=top_k, seed=seed)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "vocabulary_size": self.vocabulary_size,
+            "hidden_dim": self.hidden_dim,
+            "blocks": [keras.saving.serialize_keras_object(b) for b in self.blocks],
+            "normalization": self.normalization,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "embedding_scale": self.embedding_scale,
+            "final_logit_soft_cap": self.final_logit_soft_cap,
+        })
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["blocks"] = [keras.saving.deserialize_keras_object(b) for b in config["blocks"]]
+        return cls(**config)
