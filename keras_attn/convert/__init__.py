@@ -20,7 +20,9 @@ kernel is `(in, out)`, so `kernel = weight.T`. Head `h` owns columns
 
 One module per source: `keras_attn.convert.keras` (`keras.layers.MultiHeadAttention`),
 `keras_attn.convert.torch` (`torch.nn` state dicts) and
-`keras_attn.convert.huggingface` (Llama state dicts); the checks and the weight
+`keras_attn.convert.huggingface` (Llama state dicts), and
+`keras_attn.convert.transformers` (whole transformers LMs and their layers,
+read from the config: llama, mistral, qwen2, qwen3, gemma2, gemma3_text); the checks and the weight
 assignment they share are in `keras_attn.convert._common`. Import the
 converters from `keras_attn.convert` itself.
 """
@@ -30,6 +32,12 @@ from keras_attn.convert.huggingface import (
     transformer_decoder_layer_from_llama,
 )
 from keras_attn.convert.keras import multi_head_attention_from_keras
+from keras_attn.convert.transformers import (
+    causal_lm_from_transformers,
+    family_table,
+    multi_head_attention_from_transformers,
+    transformer_decoder_layer_from_transformers,
+)
 from keras_attn.convert.torch import (
     multi_head_attention_from_torch,
     transformer_decoder_layer_from_torch,
@@ -37,10 +45,14 @@ from keras_attn.convert.torch import (
 )
 
 __all__ = [
+    "causal_lm_from_transformers",
+    "family_table",
     "multi_head_attention_from_keras",
     "multi_head_attention_from_llama",
     "multi_head_attention_from_torch",
+    "multi_head_attention_from_transformers",
     "transformer_decoder_layer_from_llama",
     "transformer_decoder_layer_from_torch",
+    "transformer_decoder_layer_from_transformers",
     "transformer_encoder_layer_from_torch",
 ]

@@ -1,0 +1,275 @@
+"""keras_attn models and layers from Hugging Face `transformers` decoder-only LMs, read from their configs.
+
+Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
+`gemma2` and `gemma3_text`. transformers is never imported: configs are
+read through `to_dict()` (or are plain dicts, a `config.json`), tensors
+through `keras_attn.convert._common.to_numpy`. The config's fields are
+classified per family in `keras_attn.convert._transformers_config` (read,
+refused unless neutral, ignored); a field in none of those is refused. The
+weights are then checked against the config (H * d query rows, H_kv * d
+key/value rows, d for the qk-norms, F, V, tied or not): a mismatch is a
+`ValueError` naming the config field, the entry and both values. Nothing is
+assigned before everything is checked.
+
+Mapping (`W` a torch `Linear` weight `(out, in)`, a Keras kernel is `W.T`):
+`self_attn.{q,k,v,o}_proj` to `self_attention.{query,key,value,output}_dense`,
+`self_attn.{q,k}_norm` to `self_attention.{query,key}_norm`,
+`input_layernorm` to `self_attention_norm`, `mlp.{gate,up,down}_proj` to
+`feed_forward.{gate,intermediate,output}_dense`; Llama-style layers map
+`post_attention_layernorm` to `feed_forward_norm`, Gemma's (four norms) map
+it to `post_attention_norm`, `pre_feedforward_layernorm` to
+`feed_forward_norm` and `post_feedforward_layernorm` to
+`post_feed_forward_norm`. Gemma's RMSNorms multiply by `1 + w`: the stored
+`w` becomes the Keras scale `1 + w`.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from keras_attn.convert import _common
+from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
+from keras_attn.layers.causal_lm import CausalLM
+from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
+
+__all__ = ["causal_lm_from_transformers", "family_table",
+           "multi_head_attention_from_transformers",
+           "transformer_decoder_layer_from_transformers"]
+
+
+def _cross_check(entries, name, shape, expected, fields):
+    """Entry `name` must have `shape`; `expected` names the config fields it comes from."""
+    array = entries.rank(name, len(shape), "(" + ", ".join("?" * len(shape)) + ")")
+    if array.shape != tuple(shape):
+        raise ValueError(
+            f"The config and the weights disagree: {fields} give {expected} = "
+            f"{_common.shape_text(shape)} for state_dict entry {entries.key(name)}, which has "
+            f"shape {_common.shape_text(array.shape)}.")
+    return array
+
+
+def _attention_plan(entries, spec: ModelSpec, layer, sub=""):
+    """Check and plan the attention entries under `sub` onto MultiHeadAttention `layer`."""
+    H, H_kv, d, D = spec.num_heads, spec.num_key_value_heads, spec.head_dim, spec.hidden_dim
+    heads = f"num_attention_heads={H}, head_dim={d} (H * d = {H * d})"
+    kv_heads = f"num_key_value_heads={H_kv}, head_dim={d} (H_kv * d = {H_kv * d})"
+    width = f"hidden_size={D}"
+    q = _cross_check(entries, sub + "q_proj.weight", (H * d, D), "(H * d, D)", f"{heads}, {width}")
+    k = _cross_check(entries, sub + "k_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
+                     f"{kv_heads}, {width}")
+    v = _cross_check(entries, sub + "v_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
+                     f"{kv_heads}, {width}")
+    o = _cross_check(entries, sub + "o_proj.weight", (D, H * d), "(D, H * d)", f"{width}, {heads}")
+    bias = {}
+    for part, rows, flag, what in (("q", H * d, spec.qkv_bias, heads),
+                                   ("k", H_kv * d, spec.qkv_bias, kv_heads),
+                                   ("v", H_kv * d, spec.qkv_bias, kv_heads),
+                                   ("o", D, spec.output_bias, width)):
+        name = f"{sub}{part}_proj.bias"
+        if flag:
+            bias[part] = _cross_check(entries, name, (rows,), "(rows,)", what)
+        elif entries.has(name):
+            raise ValueError(
+                f"The config and the weights disagree: the {spec.family!r} config has no bias "
+                f"on {part}_proj (attention_bias={spec.qkv_bias}) but state_dict has "
+                f"{entries.key(name)}.")
+    weights = {"query": (q.T, bias.get("q")), "key": (k.T, bias.get("k")),
+               "value": (v.T, bias.get("v")), "output": (o.T, bias.get("o"))}
+    plan = _common.mha_plan(layer, weights)
+    if spec.qk_norm:
+        for part, norm in (("q", layer.query_norm), ("k", layer.key_norm)):
+            w = _cross_check(entries, f"{sub}{part}_norm.weight", (d,), "(d,)", f"head_dim={d}")
+            plan.append((norm.scale, w + spec.norm_offset, f"{part}_norm weight"))
+    return plan
+
+
+def _block(spec: ModelSpec, index, name=None):
+    """The unbuilt `TransformerDecoderLayer` of layer `index`."""
+    return TransformerDecoderLayer(
+        spec.num_heads, intermediate_dim=spec.intermediate_dim, key_dim=spec.head_dim,
+        num_key_value_heads=spec.num_key_value_heads, normalization="rms",
+        normalize_first=True, gated_feed_forward=True, activation=spec.activation,
+        layer_norm_epsilon=spec.epsilon, use_bias=spec.mlp_bias,
+        attention_use_bias=spec.qkv_bias, attention_output_use_bias=spec.output_bias,
+        feed_forward_use_bias=spec.mlp_bias, use_post_attention_norm=spec.gemma,
+        use_post_ffw_norm=spec.gemma, attention_dropout=spec.attention_dropout,
+        name=name, **spec.layers[index].attention)
+
+
+def _block_plan(entries, spec: ModelSpec, block, sub=""):
+    D, F = spec.hidden_dim, spec.intermediate_dim
+    plan = _attention_plan(entries, spec, block.self_attention, sub + "self_attn.")
+    ff = block.feed_forward
+    sizes = f"intermediate_size={F}, hidden_size={D}"
+    for part, dense, shape, letters in (("gate", ff.gate_dense, (F, D), "(F, D)"),
+                                        ("up", ff.intermediate_dense, (F, D), "(F, D)"),
+                                        ("down", ff.output_dense, (D, F), "(D, F)")):
+        name = f"{sub}mlp.{part}_proj"
+        w = _cross_check(entries, name + ".weight", shape, letters, sizes)
+        b = None
+        if spec.mlp_bias:
+            b = _cross_check(entries, name + ".bias", shape[:1], "(rows,)", sizes)
+        elif entries.has(name + ".bias"):
+            raise ValueError(f"The config and the weights disagree: mlp_bias=False but "
+                             f"state_dict has {entries.key(name + '.bias')}.")
+        plan += _common.dense_plan(dense, w.T, b, f"mlp.{part}_proj")
+    norms = [("input_layernorm", block.self_attention_norm)]
+    if spec.gemma:
+        norms += [("post_attention_layernorm", block.post_attention_norm),
+                  ("pre_feedforward_layernorm", block.feed_forward_norm),
+                  ("post_feedforward_layernorm", block.post_feed_forward_norm)]
+    else:
+        norms += [("post_attention_layernorm", block.feed_forward_norm)]
+    for norm_name, norm in norms:
+        w = _cross_check(entries, f"{sub}{norm_name}.weight", (D,), "(D,)", f"hidden_size={D}")
+        plan.append((norm.scale, w + spec.norm_offset, f"{norm_name} weight"))
+    return plan
+
+
+def _check_layer_index(spec, layer_index):
+    if isinstance(layer_index, bool) or not isinstance(layer_index, int) or not (
+            0 <= layer_index < spec.num_layers):
+        raise ValueError(f"`layer_index` must be an int in [0, num_hidden_layers="
+                         f"{spec.num_layers}). Received: layer_index={layer_index!r}")
+
+
+def multi_head_attention_from_transformers(module_or_state_dict: Any, config: Any,
+                                           layer_index: int = 0) -> MultiHeadAttention:
+    """A `keras_attn.MultiHeadAttention` from the attention of layer `layer_index` of a transformers LM.
+
+    Reads `q_proj`, `k_proj`, `v_proj`, `o_proj` (and `q_norm`, `k_norm`)
+    relative to the attention module (e.g. `model.model.layers[i].self_attn`),
+    with the options of that layer from the config: RoPE (per layer type for
+    Gemma 3), the window of sliding layers, Gemma's scale and soft-cap,
+    qk-norm. Call it as `layer(x, use_causal_mask=True)` on `(B, T, D)`;
+    positions are `0 .. T - 1`.
+
+    Args:
+        module_or_state_dict: the attention module, or its state dict (a
+            mapping from names to arrays or tensors).
+        config: a transformers config of a supported family, or its dict.
+        layer_index: which layer's options to use (0-based).
+
+    Returns:
+        A built `keras_attn.MultiHeadAttention` for `(B, T, D)`.
+
+    Raises:
+        ValueError: a refused or unknown config field, an entry missing,
+            extra or disagreeing with the config.
+    """
+    spec = read_config(config)
+    _check_layer_index(spec, layer_index)
+    entries = _common.StateDict(module_or_state_dict, "")
+    layer = MultiHeadAttention(
+        spec.num_heads, spec.head_dim, num_key_value_heads=spec.num_key_value_heads,
+        use_bias=spec.qkv_bias, output_use_bias=spec.output_bias,
+        dropout=spec.attention_dropout, **spec.layers[layer_index].attention)
+    layer.build(query_shape=(None, None, spec.hidden_dim))
+    plan = _attention_plan(entries, spec, layer)
+    entries.check_all_used()
+    _common.assign(plan)
+    return layer
+
+
+def transformer_decoder_layer_from_transformers(module_or_state_dict: Any, config: Any,
+                                                layer_index: int = 0) -> TransformerDecoderLayer:
+    """A `keras_attn.TransformerDecoderLayer` from decoder layer `layer_index` of a transformers LM.
+
+    Keys are relative to the layer (`self_attn.q_proj.weight`,
+    `input_layernorm.weight`, `mlp.gate_proj.weight`, ...); see the module
+    docstring for the mapping. The block is pre-norm RMS with a gated MLP,
+    causal, with that layer's window and RoPE.
+
+    Args:
+        module_or_state_dict: the decoder layer, or its state dict.
+        config: a transformers config of a supported family, or its dict.
+        layer_index: which layer's options to use (0-based).
+
+    Returns:
+        A built decoder-only `keras_attn.TransformerDecoderLayer` for
+        `(B, T, D)`.
+
+    Raises:
+        ValueError: a refused or unknown config field, an entry missing,
+            extra or disagreeing with the config.
+    """
+    spec = read_config(config)
+    _check_layer_index(spec, layer_index)
+    entries = _common.StateDict(module_or_state_dict, "")
+    block = _block(spec, layer_index)
+    block.build((None, None, spec.hidden_dim))
+    plan = _block_plan(entries, spec, block)
+    entries.check_all_used()
+    _common.assign(plan)
+    return block
+
+
+def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, Any] | None = None,
+                                **kwargs) -> CausalLM:
+    """A `keras_attn.CausalLM` from a transformers `*ForCausalLM` (or its config and state dict).
+
+    Args:
+        model_or_config: a transformers `LlamaForCausalLM`,
+            `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`,
+            `Gemma2ForCausalLM` or `Gemma3ForCausalLM` (its `.config` and
+            `.state_dict()` are read), or a config (object or dict) with
+            `state_dict`.
+        state_dict: with a config: the model's entries
+            (`model.embed_tokens.weight`, `model.layers.{i}....`,
+            `model.norm.weight`, `lm_head.weight` unless tied), arrays or
+            tensors. None with a model.
+        **kwargs: `name`, `dtype` of the `CausalLM`.
+
+    Returns:
+        The built `keras_attn.CausalLM` with the weights set: `lm(ids)`
+        gives the transformers model's logits, `lm.generate` its greedy
+        tokens.
+
+    Raises:
+        ValueError: a refused or unknown config field (named, with its
+            value), or an entry missing, extra or disagreeing with the
+            config.
+    """
+    if state_dict is None:
+        config = getattr(model_or_config, "config", None)
+        if config is None or not callable(getattr(model_or_config, "state_dict", None)):
+            raise ValueError(
+                "Pass a transformers *ForCausalLM module, or a config with `state_dict`. "
+                f"Received: {type(model_or_config).__name__} and state_dict=None")
+        state_dict = model_or_config.state_dict()
+    else:
+        config = model_or_config
+    spec = read_config(config)
+    entries = _common.StateDict(state_dict, "")
+    V, D = spec.vocabulary_size, spec.hidden_dim
+    sizes = f"vocab_size={V}, hidden_size={D}"
+    embedding = _cross_check(entries, "model.embed_tokens.weight", (V, D), "(V, D)", sizes)
+    head = None
+    if spec.tie_word_embeddings:
+        if entries.has("lm_head.weight"):
+            tied = _cross_check(entries, "lm_head.weight", (V, D), "(V, D)", sizes)
+            if not np.array_equal(tied, embedding):
+                raise ValueError(
+                    "The config and the weights disagree: tie_word_embeddings=True but "
+                    "state_dict entry 'lm_head.weight' differs from 'model.embed_tokens.weight'.")
+    else:
+        head = _cross_check(entries, "lm_head.weight", (V, D), "(V, D)",
+                            f"tie_word_embeddings=False, {sizes}")
+    lm = CausalLM(
+        V, D, [_block(spec, i, name=f"block_{i}") for i in range(spec.num_layers)],
+        normalization="rms", layer_norm_epsilon=spec.epsilon,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        embedding_scale=float(np.sqrt(D)) if spec.gemma else None,
+        final_logit_soft_cap=spec.final_logit_soft_cap, **kwargs)
+    plan = [(lm.token_embedding.embeddings, embedding, "model.embed_tokens weight")]
+    for i, block in enumerate(lm.blocks):
+        plan += _block_plan(entries, spec, block, f"model.layers.{i}.")
+    final = _cross_check(entries, "model.norm.weight", (D,), "(D,)", f"hidden_size={D}")
+    plan.append((lm.final_norm.scale, final + spec.norm_offset, "model.norm weight"))
+    if head is not None:
+        plan.append((lm.lm_head.kernel, head.T, "lm_head weight"))
+    entries.check_all_used()
+    _common.assign(plan)
+    return lm
