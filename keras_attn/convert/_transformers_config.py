@@ -67,8 +67,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
                                 "cache_implementation": "how transformers caches"}},
 }
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
-               "gelu_pytorch_tanh": "keras_attn>gelu_approximate",
-               "gelu_new": "keras_attn>gelu_approximate"}
+               "gelu_pytorch_tanh": "gelu_approximate", "gelu_new": "gelu_approximate"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # rope_parameters keys per rope_type -> AttentionOptions field (besides rope_type, rope_theta).
 ROPE_KEYS = {

@@ -30,6 +30,7 @@ import numpy as np
 
 from keras_attn.convert import _common
 from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
+from keras_attn.layers._common import gelu_approximate
 from keras_attn.layers.causal_lm import CausalLM
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
@@ -90,7 +91,8 @@ def _block(spec: ModelSpec, index, name=None):
     return TransformerDecoderLayer(
         spec.num_heads, intermediate_dim=spec.intermediate_dim, key_dim=spec.head_dim,
         num_key_value_heads=spec.num_key_value_heads, normalization="rms",
-        normalize_first=True, gated_feed_forward=True, activation=spec.activation,
+        normalize_first=True, gated_feed_forward=True,
+        activation=gelu_approximate if spec.activation == "gelu_approximate" else spec.activation,
         layer_norm_epsilon=spec.epsilon, use_bias=spec.mlp_bias,
         attention_use_bias=spec.qkv_bias, attention_output_use_bias=spec.output_bias,
         feed_forward_use_bias=spec.mlp_bias, use_post_attention_norm=spec.gemma,
