@@ -22,41 +22,44 @@ _COMMON = dict(vocab_size=V, hidden_size=D, intermediate_size=F, num_attention_h
                num_key_value_heads=H_KV, max_position_embeddings=64, rms_norm_eps=1e-6,
                bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
-# name: (transformers config class, config kwargs, seed, ablation)
-# An ablation: (what, config changes) -> the logits of the converted model under the changed
-# config must move far beyond the tolerance; or a name of a weight-level ablation.
+# name: (transformers config class, config kwargs, seed, ablation). An ablation (what,
+# kind, changes) breaks the converted model in one place; its logits must then move far
+# beyond the tolerance (the tests can fail): kind "config" sets `changes` in the configs of
+# the blocks `changes["where"]` selects ("all" or "sliding"), "norm_offset" takes 1 from
+# every RMSNorm scale (forgetting Gemma's `1 + w`), "qk_norm_ones" sets the qk-norm scales
+# to 1 (ignoring q_norm / k_norm).
 CASES = {
     "llama": ("LlamaConfig", dict(num_hidden_layers=2, tie_word_embeddings=False,
                                   rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
-              0, ("rope_theta 1e4 -> 1e2", {"rope_parameters": {"rope_type": "default",
-                                                                "rope_theta": 100.0}})),
+              0, ("rope base 1e4 -> 1e2", "config",
+                  {"where": "all", "rope_max_wavelength": 100.0})),
     "llama3": ("LlamaConfig", dict(num_hidden_layers=2, tie_word_embeddings=False,
                                    rope_parameters={"rope_type": "llama3", "rope_theta": 1e4,
                                                     "factor": 8.0, "low_freq_factor": 1.0,
                                                     "high_freq_factor": 4.0,
                                                     "original_max_position_embeddings": 16}),
-               1, ("rope_type llama3 -> default", {"rope_parameters": {
-                   "rope_type": "default", "rope_theta": 1e4}})),
+               1, ("rope_type llama3 -> default", "config",
+                   {"where": "all", "rope_type": "default", "rope_scaling_factor": 1.0})),
     "yarn": ("LlamaConfig", dict(num_hidden_layers=2, tie_word_embeddings=True,
                                  rope_parameters={"rope_type": "yarn", "rope_theta": 1e4,
                                                   "factor": 4.0,
                                                   "original_max_position_embeddings": 16}),
-             2, ("rope_type yarn -> linear", {"rope_parameters": {
-                 "rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}})),
+             2, ("rope_type yarn -> linear", "config", {"where": "all", "rope_type": "linear"})),
     "mistral": ("MistralConfig", dict(num_hidden_layers=2, sliding_window=6,
                                       tie_word_embeddings=False),
-                3, ("sliding_window 6 -> None", {"sliding_window": None})),
+                3, ("sliding_window 6 -> None", "config",
+                    {"where": "sliding", "sliding_window": None})),
     "qwen2": ("Qwen2Config", dict(num_hidden_layers=2, use_sliding_window=True,
                                   sliding_window=6, max_window_layers=1,
                                   tie_word_embeddings=True),
-              4, ("use_sliding_window True -> False", {"use_sliding_window": False,
-                                                       "layer_types": None})),
+              4, ("sliding_window 6 -> None", "config",
+                  {"where": "sliding", "sliding_window": None})),
     "qwen3": ("Qwen3Config", dict(num_hidden_layers=2, head_dim=24, tie_word_embeddings=False),
-              5, ("q_norm/k_norm weights -> 1", "qk_norm_ones")),
+              5, ("q_norm / k_norm weights -> 1", "qk_norm_ones", {})),
     "gemma2": ("Gemma2Config", dict(num_hidden_layers=4, head_dim=16, sliding_window=6,
                                     query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
                                     final_logit_softcapping=5.0),
-               6, ("RMSNorm weights w, not 1 + w", "norm_offset")),
+               6, ("RMSNorm weights w, not 1 + w", "norm_offset", {})),
     "gemma3_text": ("Gemma3TextConfig", dict(
         num_hidden_layers=4, head_dim=16, sliding_window=6, query_pre_attn_scalar=16,
         layer_types=["sliding_attention", "full_attention", "sliding_attention",
@@ -64,14 +67,60 @@ CASES = {
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
                          "full_attention": {"rope_type": "linear", "factor": 4.0,
                                             "rope_theta": 1e5}}),
-        7, ("sliding layers' RoPE base 1e4 -> the full layers' 1e5", {"rope_parameters": {
-            "sliding_attention": {"rope_type": "default", "rope_theta": 1e5},
-            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e5}}})),
+        7, ("sliding layers' RoPE base 1e4 -> 1e5", "config",
+            {"where": "sliding", "rope_max_wavelength": 1e5})),
 }
+# The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
+SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+             num_key_value_heads=1)
 
 
-def token_ids(seed):
-    return np.random.default_rng(seed).integers(0, V, size=(B, T)).astype("int32")
+def config_kwargs(name, small=False):
+    """The transformers config kwargs of case `name` (the fixtures' smaller one if `small`)."""
+    kwargs = {**_COMMON, **CASES[name][1]}
+    if small:
+        kwargs.update(SMALL, num_hidden_layers=2)
+        if "head_dim" in kwargs:
+            kwargs["head_dim"] = 8 if name != "qwen3" else 12
+        if "layer_types" in kwargs:
+            kwargs["layer_types"] = kwargs["layer_types"][:2]
+        if "sliding_window" in kwargs:
+            kwargs["sliding_window"] = 4
+        if "query_pre_attn_scalar" in kwargs:
+            kwargs["query_pre_attn_scalar"] = 12
+    return kwargs
+
+
+def ablate(lm, name):
+    """A copy of the converted `lm` with case `name`'s ablation (keras only: every backend)."""
+    import keras
+
+    from keras_attn import CausalLM
+
+    _, kind, changes = CASES[name][3]
+    config = lm.get_config()
+    if kind == "config":
+        changes = dict(changes)
+        where = changes.pop("where")
+        for block in config["blocks"]:
+            if where == "all" or block["config"]["sliding_window"] is not None:
+                block["config"].update(changes)
+    new = CausalLM.from_config(config)
+    new.set_weights(lm.get_weights())
+    for layer in new._flatten_layers(include_self=False, recursive=True):
+        if not isinstance(layer, keras.layers.RMSNormalization):
+            continue
+        if kind == "norm_offset":
+            layer.scale.assign(layer.scale - 1.0)
+        elif kind == "qk_norm_ones" and layer.name in ("query_norm", "key_norm"):
+            layer.scale.assign(keras.ops.ones_like(layer.scale))
+    return new
+
+
+def token_ids(name, small=False):
+    """The (B, T) int32 ids case `name` is compared on."""
+    vocabulary = config_kwargs(name, small)["vocab_size"]
+    return np.random.default_rng(CASES[name][2]).integers(0, vocabulary, (B, T)).astype("int32")
 
 
 def relative_error(actual, expected):
@@ -79,21 +128,21 @@ def relative_error(actual, expected):
     return float(np.abs(actual - expected).max() / np.abs(expected).max())
 
 
-def build_hf(name):
+def build_hf(name, small=False):
     """The transformers `*ForCausalLM` of case `name`, with its random weights (torch only)."""
     import torch
     import transformers
 
-    config_class, kwargs, seed, _ = CASES[name]
-    config = getattr(transformers, config_class)(**_COMMON, **kwargs)
+    config_class, _, seed, _ = CASES[name]
+    config = getattr(transformers, config_class)(**config_kwargs(name, small))
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for _, parameter in model.named_parameters():
+        for key, parameter in model.named_parameters():
             value = STD * torch.randn(parameter.shape, generator=generator)
-            if parameter.ndim == 1 and "norm" in _ and not name.startswith("gemma"):
+            if parameter.ndim == 1 and "norm" in key and not name.startswith("gemma"):
                 value = value + 1.0  # Llama-style norms multiply by w: around 1, not 0
             parameter.copy_(value)
     return model.float().eval()
