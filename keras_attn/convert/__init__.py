@@ -32,16 +32,16 @@ from keras_attn.convert.huggingface import (
     transformer_decoder_layer_from_llama,
 )
 from keras_attn.convert.keras import multi_head_attention_from_keras
+from keras_attn.convert.torch import (
+    multi_head_attention_from_torch,
+    transformer_decoder_layer_from_torch,
+    transformer_encoder_layer_from_torch,
+)
 from keras_attn.convert.transformers import (
     causal_lm_from_transformers,
     family_table,
     multi_head_attention_from_transformers,
     transformer_decoder_layer_from_transformers,
-)
-from keras_attn.convert.torch import (
-    multi_head_attention_from_torch,
-    transformer_decoder_layer_from_torch,
-    transformer_encoder_layer_from_torch,
 )
 
 __all__ = [

@@ -70,7 +70,7 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
                "gelu_pytorch_tanh": "gelu_approximate", "gelu_new": "gelu_approximate"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # rope_parameters keys per rope_type -> AttentionOptions field (besides rope_type, rope_theta).
-ROPE_KEYS = {
+ROPE_KEYS: dict[str, dict[str, str | None]] = {
     "default": {},
     "linear": {"factor": "rope_scaling_factor"},
     "llama3": {"factor": "rope_scaling_factor", "low_freq_factor": "rope_low_freq_factor",
@@ -81,6 +81,9 @@ ROPE_KEYS = {
              "original_max_position_embeddings": "rope_original_max_position_embeddings",
              "mscale": None, "mscale_all_dim": None, "truncate": "rope_truncate"},
 }
+
+# What transformers requires (it raises a KeyError without them); yarn defaults its own.
+REQUIRED_ROPE_KEYS: dict[str, dict[str, str | None]] = {"linear": ("factor",), "llama3": tuple(ROPE_KEYS["llama3"])}
 
 
 @dataclasses.dataclass
@@ -202,6 +205,9 @@ def _rope(params, where, max_positions):
                     f"not a parameter keras_attn reads for rope_type {rope_type!r}")
     if rope_type == "default":
         return options
+    for key in REQUIRED_ROPE_KEYS.get(rope_type, ()):
+        if params.get(key) is None:
+            _refuse(f"{where}[{key!r}]", params.get(key), f"rope_type {rope_type!r} needs it")
     if rope_type == "yarn":
         # transformers' defaults and truthiness (`beta_fast or 32`, `if mscale and mscale_all_dim`).
         original = params.get("original_max_position_embeddings") or max_positions

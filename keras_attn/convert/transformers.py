@@ -257,6 +257,8 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
                     "The config and the weights disagree: tie_word_embeddings=True but "
                     "state_dict entry 'lm_head.weight' differs from 'model.embed_tokens.weight'.")
     else:
+        entries.require("lm_head.weight", hint=" (the config has tie_word_embeddings=False: "
+                        "the head is its own weight)")
         head = _cross_check(entries, "lm_head.weight", (V, D), "(V, D)",
                             f"tie_word_embeddings=False, {sizes}")
     lm = CausalLM(
@@ -270,7 +272,7 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
         plan += _block_plan(entries, spec, block, f"model.layers.{i}.")
     final = _cross_check(entries, "model.norm.weight", (D,), "(D,)", f"hidden_size={D}")
     plan.append((lm.final_norm.scale, final + spec.norm_offset, "model.norm weight"))
-    if head is not None:
+    if head is not None and lm.lm_head is not None:
         plan.append((lm.lm_head.kernel, head.T, "lm_head weight"))
     entries.check_all_used()
     _common.assign(plan)

@@ -1,0 +1,218 @@
+"""`keras_attn.convert.causal_lm_from_transformers` against transformers' own models, per family.
+
+Needs torch and `transformers`: the torch tox environment installs both (`transformers` is a
+test-only dependency there); elsewhere the whole module is skipped, as tests/test_convert_llama.py
+(tests/test_family_fixtures.py checks the same models on every backend from stored outputs).
+The models are built from tiny random configs (tests/family_cases.py): nothing is downloaded.
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn import CausalLM, convert
+from keras_attn.convert import _transformers_config as tables
+from keras_attn.layers._common import gelu_approximate
+
+from . import family_cases as fc
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+NAMES = sorted(fc.CASES)
+# The HF greedy tokens are compared exactly: every step's top-1 must lead the top-2 by far
+# more than the logits' error (~1e-5 absolute here), or a near-tie could flip a token.
+MIN_MARGIN = 1e-3
+
+
+@pytest.fixture(scope="module")
+def converted():
+    """name -> (hf model, ids, hf logits, hf tokens, margin, CausalLM), built once."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model = fc.build_hf(name)
+            ids = fc.token_ids(name)
+            logits, tokens, margin = fc.hf_reference(model, ids)
+            cache[name] = (model, ids, logits, tokens, margin,
+                           convert.causal_lm_from_transformers(model))
+        return cache[name]
+
+    return get
+
+
+def _logits(lm, ids):
+    return keras.ops.convert_to_numpy(lm(ids))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_logits_and_greedy_tokens_match_transformers(converted, name):
+    _, ids, logits, tokens, margin, lm = converted(name)
+    error = fc.relative_error(_logits(lm, ids), logits)
+    assert error <= fc.TOLERANCE, f"{name}: relative error {error:.3g}"
+    assert margin > MIN_MARGIN, f"{name}: greedy margin {margin:.3g} (pick another seed)"
+    ours = keras.ops.convert_to_numpy(lm.generate(ids[:, :fc.P], max_length=fc.P + fc.NEW))
+    np.testing.assert_array_equal(ours, tokens)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ablation_moves_the_logits(converted, name):
+    """Each family's ablation (CASES) is far beyond the tolerance: the comparison can fail."""
+    _, ids, logits, _, _, lm = converted(name)
+    error = fc.relative_error(_logits(fc.ablate(lm, name), ids), logits)
+    assert error > 100 * fc.TOLERANCE, f"{name}: ablation {fc.CASES[name][3][0]!r}: {error:.3g}"
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma2"])
+def test_dict_config_and_numpy_state_dict(converted, name):
+    """A config.json dict and a state dict of numpy arrays give the same model (no torch)."""
+    model, ids, logits, _, _, lm = converted(name)
+    config = json.loads(model.config.to_json_string())
+    state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    again = convert.causal_lm_from_transformers(config, state)
+    np.testing.assert_array_equal(_logits(again, ids), _logits(lm, ids))
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma3_text"])
+def test_layer_converters(converted, name):
+    """The layer-level converters build the whole model's blocks."""
+    model, _, _, _, _, lm = converted(name)
+    x = np.random.default_rng(0).standard_normal((fc.B, 5, fc.D)).astype("float32")
+    for i, hf_layer in enumerate(model.model.layers):
+        block = convert.transformer_decoder_layer_from_transformers(hf_layer, model.config, i)
+        expected = lm.blocks[i]
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(block(x)),
+                                      keras.ops.convert_to_numpy(expected(x)))
+        attention = convert.multi_head_attention_from_transformers(
+            hf_layer.self_attn.state_dict(), model.config, layer_index=i)
+        assert attention.options == expected.self_attention.options
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(attention(x, use_causal_mask=True)),
+            keras.ops.convert_to_numpy(expected.self_attention(x, use_causal_mask=True)))
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma2"])
+def test_keras_round_trip(converted, tmp_path, name):
+    _, ids, logits, tokens, _, lm = converted(name)
+    path = str(tmp_path / f"{name}.keras")
+    lm.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, CausalLM)
+    np.testing.assert_array_equal(_logits(loaded, ids), _logits(lm, ids))
+    ours = keras.ops.convert_to_numpy(loaded.generate(ids[:, :fc.P], max_length=fc.P + fc.NEW))
+    np.testing.assert_array_equal(ours, tokens)
+
+
+def _hf_config(name):
+    config_class = fc.CASES[name][0]
+    config = getattr(transformers, config_class)(**fc.config_kwargs(name))
+    return json.loads(config.to_json_string())
+
+
+REFUSED = [
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+     "rope_type"),
+    ("llama", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type"),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4,
+                                   "low_freq_factor": 1.0}}, "low_freq_factor"),
+    ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                   "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
+    ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ("llama", {"hidden_act": "relu"}, "hidden_act"),
+    ("llama", {"model_type": "gpt2"}, "model_type"),
+    ("llama", {"some_new_field": 1}, "some_new_field"),
+    ("llama", {"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization_config"),
+    ("llama", {"is_encoder_decoder": True}, "is_encoder_decoder"),
+    ("mistral", {"layer_types": ["full_attention"] * 2}, "layer_types"),
+    ("qwen2", {"layer_types": ["full_attention", "chunked_attention"]}, "layer_types"),
+    ("qwen3", {"layer_types": ["sliding_attention"] * 2, "use_sliding_window": False},
+     "sliding_window"),
+    ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma2", {"hidden_activation": "relu"}, "hidden_activation"),
+    ("gemma3_text", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma3_text", {"rope_parameters": {"full_attention": {"rope_type": "linear",
+                                                            "rope_theta": 1e6}}},
+     "rope_parameters['full_attention']['factor']"),
+    ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0,
+                                   "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 16}},
+     "rope_parameters['low_freq_factor']"),
+    ("gemma3_text", {"attn_logit_softcapping": -1.0}, "attn_logit_softcapping"),
+    ("gemma3_text", {"rope_parameters": {"global": {"rope_type": "default",
+                                                    "rope_theta": 1e6}}}, "rope_parameters"),
+]
+
+
+@pytest.mark.parametrize("name, changes, field", REFUSED,
+                         ids=[f"{n}-{f}" for n, _, f in REFUSED])
+def test_refused_fields(name, changes, field):
+    config = {**_hf_config(name), **changes}
+    with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        convert.causal_lm_from_transformers(config, {})
+
+
+CROSS = [
+    ("qwen3", {"num_attention_heads": 2}, ["num_attention_heads=2", "q_proj.weight"]),
+    ("qwen3", {"head_dim": 16}, ["head_dim=16", "q_proj.weight"]),
+    ("llama", {"num_key_value_heads": 1}, ["num_key_value_heads=1", "k_proj.weight"]),
+    ("llama", {"intermediate_size": 64}, ["intermediate_size=64", "gate_proj.weight"]),
+    ("mistral", {"vocab_size": 100}, ["vocab_size=100", "embed_tokens.weight"]),
+    ("qwen2", {"tie_word_embeddings": False, "drop": "lm_head.weight"},
+     ["tie_word_embeddings=False", "lm_head.weight"]),
+    ("llama", {"tie_word_embeddings": True}, ["tie_word_embeddings=True", "lm_head.weight"]),
+    ("llama", {"attention_bias": True}, ["q_proj.bias"]),
+    ("llama", {"num_hidden_layers": 1}, ["model.layers.1."]),
+]
+
+
+@pytest.mark.parametrize("name, changes, words", CROSS,
+                         ids=[f"{n}-{next(iter(c))}" for n, c, _ in CROSS])
+def test_config_is_cross_checked_against_the_weights(converted, name, changes, words):
+    model = converted(name)[0]
+    changes = dict(changes)
+    state = dict(model.state_dict())
+    state.pop(changes.pop("drop", None), None)  # an entry the config needs, removed
+    config = {**json.loads(model.config.to_json_string()), **changes}
+    if "num_hidden_layers" in changes:
+        config.pop("layer_types", None)
+    with pytest.raises(ValueError) as info:
+        convert.causal_lm_from_transformers(config, state)
+    for word in words:
+        assert word in str(info.value), str(info.value)
+
+
+def test_family_tables_classify_every_field_of_the_transformers_configs():
+    """Every field of each family's default transformers config is read, neutral or ignored."""
+    table = tables.family_table()
+    for name in NAMES:
+        family = fc.CASES[name][0]
+        config = getattr(transformers, family)().to_dict()
+        entry = table[config["model_type"]]
+        unknown = set(config) - set(entry["read"]) - set(entry["neutral"]) - set(entry["ignored"])
+        assert not unknown, (name, unknown)
+
+
+def test_causal_lm_refuses_bad_inputs(converted):
+    lm = converted("llama")[-1]
+    with pytest.raises(ValueError, match="token_ids"):
+        lm(np.zeros((2, 3), "float32"))
+    with pytest.raises(ValueError, match="token_ids"):
+        lm(np.zeros((3,), "int32"))
+    with pytest.raises(ValueError, match="max_length"):
+        lm.generate(np.zeros((2, 4), "int32"), max_length=4)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        lm.generate(np.zeros((2, 4), "float32"), max_length=6)
+    with pytest.raises(ValueError, match="layer_index"):
+        convert.transformer_decoder_layer_from_transformers({}, _hf_config("llama"), 2)
+
+
+def test_gelu_approximate_serialises_by_name():
+    config = keras.activations.serialize(gelu_approximate)
+    assert keras.activations.get(config) is gelu_approximate
+    x = np.linspace(-4, 4, 9).astype("float32")
+    expected = torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh").numpy()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(gelu_approximate(x)), expected,
+                               atol=1e-6)
