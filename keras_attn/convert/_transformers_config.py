@@ -83,7 +83,7 @@ ROPE_KEYS: dict[str, dict[str, str | None]] = {
 }
 
 # What transformers requires (it raises a KeyError without them); yarn defaults its own.
-REQUIRED_ROPE_KEYS: dict[str, dict[str, str | None]] = {"linear": ("factor",), "llama3": tuple(ROPE_KEYS["llama3"])}
+REQUIRED_ROPE_KEYS = {"linear": ("factor",), "llama3": tuple(ROPE_KEYS["llama3"])}
 
 
 @dataclasses.dataclass
