@@ -111,9 +111,9 @@ def ablate(lm, name):
         if not isinstance(layer, keras.layers.RMSNormalization):
             continue
         if kind == "norm_offset":
-            layer.scale.assign(layer.scale - 1.0)
+            layer.scale.assign(keras.ops.convert_to_numpy(layer.scale) - 1.0)
         elif kind == "qk_norm_ones" and layer.name in ("query_norm", "key_norm"):
-            layer.scale.assign(keras.ops.ones_like(layer.scale))
+            layer.scale.assign(np.ones(tuple(layer.scale.shape), "float32"))
     return new
 
 

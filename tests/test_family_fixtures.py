@@ -1,0 +1,49 @@
+"""Converted transformers models, saved as `.keras`, against transformers' stored outputs, on every backend.
+
+tests/assets/families/<family>.keras is a `keras_attn.CausalLM` converted by
+`keras_attn.convert.causal_lm_from_transformers` from a tiny random transformers model
+(tools/make_family_fixtures.py, run in the torch environment, wrote it); the `.npz` beside
+it (arrays only, read without pickle) holds token ids, transformers' logits over them and
+the tokens of transformers' greedy `generate`. No transformers or torch is needed here:
+the files are loaded under the backend the tests run on and must reproduce both.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn import CausalLM
+
+from . import family_cases as fc
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "families")
+NAMES = sorted(fc.CASES)
+
+
+def load(name):
+    """`(CausalLM, stored arrays)` of fixture `name`."""
+    lm = keras.saving.load_model(os.path.join(HERE, name + ".keras"))
+    with np.load(os.path.join(HERE, name + ".npz"), allow_pickle=False) as stored:
+        return lm, {key: stored[key] for key in stored.files}
+
+
+def test_every_case_has_a_fixture():
+    assert sorted(f[:-len(".keras")] for f in os.listdir(HERE) if f.endswith(".keras")) == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_reproduces_transformers(name):
+    lm, stored = load(name)
+    assert isinstance(lm, CausalLM)
+    ids = stored["token_ids"]
+    logits = keras.ops.convert_to_numpy(lm(ids))
+    error = fc.relative_error(logits, stored["logits"])
+    assert error <= fc.TOLERANCE, f"{name}: relative error {error:.3g}"
+    # The ablation moves the logits far beyond the tolerance on this backend too.
+    ablated = keras.ops.convert_to_numpy(fc.ablate(lm, name)(ids))
+    assert fc.relative_error(ablated, stored["logits"]) > 100 * fc.TOLERANCE
+    P, expected = int(stored["prompt_length"]), stored["tokens"]
+    tokens = keras.ops.convert_to_numpy(lm.generate(ids[:, :P], max_length=expected.shape[1]))
+    np.testing.assert_array_equal(tokens, expected)
