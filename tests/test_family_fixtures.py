@@ -47,3 +47,29 @@ def test_fixture_reproduces_transformers(name):
     P, expected = int(stored["prompt_length"]), stored["tokens"]
     tokens = keras.ops.convert_to_numpy(lm.generate(ids[:, :P], max_length=expected.shape[1]))
     np.testing.assert_array_equal(tokens, expected)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "qwen2"])
+def test_save_and_load_again(tmp_path, name):
+    """Saved under this backend, loaded again: the same logits."""
+    lm, stored = load(name)
+    path = str(tmp_path / f"{name}.keras")
+    lm.save(path)
+    again = keras.saving.load_model(path)
+    ids = stored["token_ids"]
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(again(ids)),
+                                  keras.ops.convert_to_numpy(lm(ids)))
+
+
+def test_causal_lm_refuses_bad_inputs():
+    lm, _ = load("llama")
+    with pytest.raises(ValueError, match="token_ids"):
+        lm(np.zeros((2, 3), "float32"))
+    with pytest.raises(ValueError, match="token_ids"):
+        lm(np.zeros((3,), "int32"))
+    with pytest.raises(ValueError, match="max_length"):
+        lm.generate(np.zeros((2, 4), "int32"), max_length=4)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        lm.generate(np.zeros((2, 4), "float32"), max_length=6)
+    with pytest.raises(ValueError, match="blocks"):
+        CausalLM(10, 8, [])

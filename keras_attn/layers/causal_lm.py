@@ -71,6 +71,7 @@ class CausalLM(keras.Model):
 
     Example: two blocks (the second with a sliding window), then 4 greedy tokens.
 
+    >>> import keras
     >>> import numpy as np
     >>> import keras_attn
     >>> blocks = [keras_attn.TransformerDecoderLayer(
@@ -82,7 +83,7 @@ class CausalLM(keras.Model):
     >>> tuple(lm(prompt).shape)
     (2, 3, 50)
     >>> tokens = lm.generate(prompt, max_length=7)
-    >>> tuple(tokens.shape), str(tokens.dtype).split(".")[-1]
+    >>> tuple(tokens.shape), keras.backend.standardize_dtype(tokens.dtype)
     ((2, 7), 'int32')
     """
 
