@@ -62,6 +62,7 @@ CASES = {
                6, ("RMSNorm weights w, not 1 + w", "norm_offset", {})),
     "gemma3_text": ("Gemma3TextConfig", dict(
         num_hidden_layers=4, head_dim=16, sliding_window=6, query_pre_attn_scalar=16,
+        final_logit_softcapping=8.0,
         layer_types=["sliding_attention", "full_attention", "sliding_attention",
                      "full_attention"],
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},

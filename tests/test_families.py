@@ -140,7 +140,8 @@ REFUSED = [
                                    "high_freq_factor": 4.0,
                                    "original_max_position_embeddings": 16}},
      "rope_parameters['low_freq_factor']"),
-    ("gemma3_text", {"attn_logit_softcapping": -1.0}, "attn_logit_softcapping"),
+    ("gemma3_text", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_logit_softcapping"),
     ("gemma3_text", {"rope_parameters": {"global": {"rope_type": "default",
                                                     "rope_theta": 1e6}}}, "rope_parameters"),
 ]

@@ -60,9 +60,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
                "neutral": {"use_bidirectional_attention": (False, None)},
                "ignored": {"hidden_act": "Gemma 2's modeling reads `hidden_activation`",
                            "cache_implementation": "how transformers caches"}},
-    "gemma3_text": {"read": _GEMMA_READ + ("rope_local_base_freq", "sliding_window_pattern",
-                                           "_sliding_window_pattern"),
-                    "neutral": {"use_bidirectional_attention": (False, None)},
+    # transformers' Gemma 3 stores attn_logit_softcapping but never applies it (its attention
+    # passes no softcap): refused unless None rather than guessed.
+    "gemma3_text": {"read": tuple(f for f in _GEMMA_READ if f != "attn_logit_softcapping") + (
+        "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern"),
+                    "neutral": {"use_bidirectional_attention": (False, None),
+                                "attn_logit_softcapping": (None,)},
                     "ignored": {"hidden_act": "Gemma 3's modeling reads `hidden_activation`",
                                 "cache_implementation": "how transformers caches"}},
 }
@@ -327,8 +330,8 @@ def read_config(config):
     soft_cap = final_cap = scale = None
     if gemma:
         scale = _number(config, "query_pre_attn_scalar", 256) ** -0.5
-        soft_cap = _number(config, "attn_logit_softcapping",
-                           50.0 if family == "gemma2" else None, allow_none=True)
+        if family == "gemma2":
+            soft_cap = _number(config, "attn_logit_softcapping", 50.0, allow_none=True)
         final_cap = _number(config, "final_logit_softcapping",
                             30.0 if family == "gemma2" else None, allow_none=True)
     qk_norm = family in ("qwen3", "gemma3_text")
