@@ -86,7 +86,7 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub=""):
     return plan
 
 
-def _block(spec: ModelSpec, index, name=None):
+def _block(spec: ModelSpec, index, name=None, dtype=None):
     """The unbuilt `TransformerDecoderLayer` of layer `index`."""
     return TransformerDecoderLayer(
         spec.num_heads, intermediate_dim=spec.intermediate_dim, key_dim=spec.head_dim,
@@ -97,7 +97,7 @@ def _block(spec: ModelSpec, index, name=None):
         attention_use_bias=spec.qkv_bias, attention_output_use_bias=spec.output_bias,
         feed_forward_use_bias=spec.mlp_bias, use_post_attention_norm=spec.gemma,
         use_post_ffw_norm=spec.gemma, attention_dropout=spec.attention_dropout,
-        name=name, **spec.layers[index].attention)
+        name=name, dtype=dtype, **spec.layers[index].attention)
 
 
 def _block_plan(entries, spec: ModelSpec, block, sub=""):
@@ -222,7 +222,8 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
             (`model.embed_tokens.weight`, `model.layers.{i}....`,
             `model.norm.weight`, `lm_head.weight` unless tied), arrays or
             tensors. None with a model.
-        **kwargs: `name`, `dtype` of the `CausalLM`.
+        **kwargs: `name`, `dtype` of the `CausalLM` (the dtype, e.g.
+            `"mixed_bfloat16"`, is its blocks' too).
 
     Returns:
         The built `keras_attn.CausalLM` with the weights set: `lm(ids)`
@@ -262,7 +263,8 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
         head = _cross_check(entries, "lm_head.weight", (V, D), "(V, D)",
                             f"tie_word_embeddings=False, {sizes}")
     lm = CausalLM(
-        V, D, [_block(spec, i, name=f"block_{i}") for i in range(spec.num_layers)],
+        V, D, [_block(spec, i, name=f"block_{i}", dtype=kwargs.get("dtype"))
+               for i in range(spec.num_layers)],
         normalization="rms", layer_norm_epsilon=spec.epsilon,
         tie_word_embeddings=spec.tie_word_embeddings,
         embedding_scale=float(np.sqrt(D)) if spec.gemma else None,
