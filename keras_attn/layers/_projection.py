@@ -10,11 +10,12 @@ d a head width, D_out the output width. The sublayers are plain
 import keras
 from keras import ops
 
+from keras_attn.cache import positions
 from keras_attn.layers._common import clone_initializer
 from keras_attn.rotary import rotary_embedding
 
-__all__ = ["dense", "dense_config", "einsum_sums_in_float32", "project_heads", "project_output",
-           "qk_norm_layer", "rope", "set_dense_arguments"]
+__all__ = ["dense", "dense_config", "einsum_sums_in_float32", "gate", "project_heads",
+           "project_output", "qk_norm_layer", "rope", "rope_heads", "set_dense_arguments"]
 
 _DENSE_ARGUMENTS = {f"{part}_{kind}": module
                     for kind, module in (("initializer", keras.initializers),
@@ -49,11 +50,15 @@ def rope(x, positions, options):
         mscale_all_dim=options.rope_mscale_all_dim, truncate=options.rope_truncate)
 
 
-def dense(layer, units, name):
-    """A `Dense` sublayer of `layer` with its initializers, regularizers and constraints."""
+def dense(layer, units, name, use_bias=None, activation=None):
+    """A `Dense` sublayer of `layer` with its initializers, regularizers and constraints.
+
+    `use_bias` None: the layer's `use_bias`.
+    """
     return keras.layers.Dense(
         units,
-        use_bias=layer.use_bias,
+        activation=activation,
+        use_bias=layer.use_bias if use_bias is None else use_bias,
         kernel_initializer=clone_initializer(layer.kernel_initializer),
         bias_initializer=clone_initializer(layer.bias_initializer),
         kernel_regularizer=layer.kernel_regularizer,
@@ -113,7 +118,30 @@ def project_heads(dense, x, heads, head_dim):
     y = ops.einsum("bli,ihd->blhd", x, kernel)
     if dense.bias is not None:
         y = y + ops.reshape(dense.bias, (heads, head_dim))
-    return y
+    return dense.activation(y)  # `linear` (the identity) unless set, as for the gate
+
+
+def gate(dense, query, attended, heads, head_dim, heads_first=False):
+    """Keras's `use_gate`: `attended * sigmoid(query W_g + b_g)`, per head and feature.
+
+    `dense` is the `gate_dense` sublayer (activation sigmoid) on the query
+    input `(B, T, q_dim)`; `attended` is `(B, T, H, d_v)` (`(B, H, T, d_v)`
+    if `heads_first`). Gated attention output, arXiv 2505.06708 (Qwen3-Next).
+    """
+    g = project_heads(dense, query, heads, head_dim)  # (B, T, H, d_v)
+    return attended * (ops.swapaxes(g, 1, 2) if heads_first else g)
+
+
+def rope_heads(q, k, query_length, key_length, cache, cache_update_index, options):
+    """RoPE of the projected `q` `(B, T, H, d)` and `k` `(B, S_new, H_kv, d)` at their
+    absolute positions (`k` None: a read-only cache, whose stored keys are rotated
+    already, and the queries end at its S_max)."""
+    if k is None:
+        q_positions, _ = positions(query_length, ops.shape(cache)[2])
+        return rope(q, q_positions, options), None
+    q_positions, k_positions = positions(
+        query_length, key_length, 0 if cache is None else cache_update_index)
+    return rope(q, q_positions, options), rope(k, k_positions, options)
 
 
 def project_output(dense, attended, heads, head_dim, heads_first=False):

@@ -46,6 +46,11 @@ class TransformerLayerBase(keras.layers.Layer):
         gated_feed_forward: bool = False,
         implementation: str | Callable = "auto",
         attention_dropout: float = 0.0,
+        attention_use_bias: bool | None = None,
+        attention_output_use_bias: bool | None = None,
+        feed_forward_use_bias: bool | None = None,
+        use_post_attention_norm: bool = False,
+        use_post_ffw_norm: bool = False,
         **kwargs,
     ) -> None:
         if args:
@@ -83,6 +88,16 @@ class TransformerLayerBase(keras.layers.Layer):
                              f"(RMSNormalization). Received: normalization={normalization!r}")
         self.normalization = normalization
         self.use_bias = bool(use_bias)
+        # Bias per projection; None follows `use_bias` (the output: the q/k/v choice).
+        self.attention_use_bias = (self.use_bias if attention_use_bias is None
+                                   else bool(attention_use_bias))
+        self.attention_output_use_bias = (
+            self.attention_use_bias if attention_output_use_bias is None
+            else bool(attention_output_use_bias))
+        self.feed_forward_use_bias = (self.use_bias if feed_forward_use_bias is None
+                                      else bool(feed_forward_use_bias))
+        self.use_post_attention_norm = bool(use_post_attention_norm)
+        self.use_post_ffw_norm = bool(use_post_ffw_norm)
         self.gated_feed_forward = bool(gated_feed_forward)
         self.implementation = compat.implementation_from_config(implementation)
         self.attention_dropout = check_dropout("attention_dropout", attention_dropout)
@@ -116,7 +131,8 @@ class TransformerLayerBase(keras.layers.Layer):
             key_dim=self._head_dim(model_dim),
             output_dim=model_dim,
             dropout=self.attention_dropout,
-            use_bias=self.use_bias,
+            use_bias=self.attention_use_bias,
+            output_use_bias=self.attention_output_use_bias,
             implementation=self.implementation,
             dtype=self.dtype_policy,
             name=name,
@@ -127,16 +143,22 @@ class TransformerLayerBase(keras.layers.Layer):
         return layer
 
     def _build_self_attention(self, inputs_shape):
-        """`self_attention`, `self_attention_norm`, `self_attention_dropout`."""
+        """`self_attention`, `self_attention_norm`, `self_attention_dropout` (and
+        `post_attention_norm` with `use_post_attention_norm`)."""
         self.self_attention = self._attention(
             "self_attention", inputs_shape[-1], inputs_shape, inputs_shape)
         self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
+        self.post_attention_norm = self._post_norm(
+            self.use_post_attention_norm, "post_attention_norm", inputs_shape)
         self.self_attention_dropout = self._dropout("self_attention_dropout")
 
     def _build_feed_forward(self, inputs_shape):
-        """`feed_forward`, `feed_forward_norm`, `feed_forward_dropout`."""
+        """`feed_forward`, `feed_forward_norm`, `feed_forward_dropout` (and
+        `post_feed_forward_norm` with `use_post_ffw_norm`)."""
         self.feed_forward = self._feed_forward(inputs_shape)
         self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
+        self.post_feed_forward_norm = self._post_norm(
+            self.use_post_ffw_norm, "post_feed_forward_norm", inputs_shape)
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
 
     def _norm(self, name, input_shape):
@@ -146,6 +168,10 @@ class TransformerLayerBase(keras.layers.Layer):
         layer.build(input_shape)
         return layer
 
+    def _post_norm(self, used, name, input_shape):
+        """A norm of a sublayer's output before the residual add, or None."""
+        return self._norm(name, input_shape) if used else None
+
     def _dropout(self, name):
         return keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=name)
 
@@ -153,7 +179,7 @@ class TransformerLayerBase(keras.layers.Layer):
         layer = PositionwiseFeedForward(
             self.intermediate_dim,
             activation=self.activation,
-            use_bias=self.use_bias,
+            use_bias=self.feed_forward_use_bias,
             gated=self.gated_feed_forward,
             dtype=self.dtype_policy,
             name="feed_forward",
@@ -183,17 +209,20 @@ class TransformerLayerBase(keras.layers.Layer):
 
         return attend
 
-    def _residual(self, x, sublayer, norm, dropout, training):
+    def _residual(self, x, sublayer, norm, dropout, training, post_norm=None):
         """post-LN: norm(x + drop(f(x))); pre-LN: x + drop(f(norm(x))).
 
-        `sublayer` returns `(y, *extras)` (scores, caches) or a tensor;
-        returns `(x, extras)`.
+        With `post_norm` (the "sandwich" of Gemma 2 and 3, OLMo 2) `f(.)`
+        becomes `post_norm(f(.))`. `sublayer` returns `(y, *extras)`
+        (scores, caches) or a tensor; returns `(x, extras)`.
         """
         residual = x
         if self.normalize_first:
             x = norm(x)
         y = sublayer(x)
         y, extras = (y[0], y[1:]) if isinstance(y, tuple) else (y, ())
+        if post_norm is not None:
+            y = post_norm(y)
         x = dropout(y, training=training) + residual
         if not self.normalize_first:
             x = norm(x)
@@ -221,5 +250,10 @@ class TransformerLayerBase(keras.layers.Layer):
             "gated_feed_forward": self.gated_feed_forward,
             "implementation": compat.implementation_config(self.implementation),
             "attention_dropout": self.attention_dropout,
+            "attention_use_bias": self.attention_use_bias,
+            "attention_output_use_bias": self.attention_output_use_bias,
+            "feed_forward_use_bias": self.feed_forward_use_bias,
+            "use_post_attention_norm": self.use_post_attention_norm,
+            "use_post_ffw_norm": self.use_post_ffw_norm,
         })
         return config

@@ -49,7 +49,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
     Weights: `keras.layers.Dense` sublayers `query_dense` (kernel
     `(q_dim, H * d_k)`), `key_dense` (`(k_dim, H_kv * d_k)`), `value_dense`
-    (`(v_dim, H_kv * d_v)`) and `output_dense` (`(H * d_v, output_dim)`);
+    (`(v_dim, H_kv * d_v)`), `output_dense` (`(H * d_v, output_dim)`) and,
+    with `use_gate`, `gate_dense` (`(q_dim, H * d_v)`);
     head `h` owns columns `[h * d, (h + 1) * d)`. Keras keeps the same
     numbers as `(q_dim, H, d_k)` `EinsumDense` kernels, `torch.nn` their
     transposes (`keras_attn.convert`).
@@ -60,7 +61,11 @@ class MultiHeadAttention(keras.layers.Layer):
         value_dim: d_v, the width of each head's values. Defaults to `key_dim`.
         output_dim: width of the output. Defaults to q_dim.
         dropout: dropout rate on the attention weights (training only).
-        use_bias: whether the four dense layers have biases.
+        use_bias: whether the dense layers have biases (q, k, v, and the
+            output and gate unless `output_use_bias` says otherwise).
+        output_use_bias: whether `output_dense` has a bias; None (default)
+            follows `use_bias`. `use_bias=True, output_use_bias=False` is
+            Qwen 2's attention (bias on q, k, v only).
         kernel_initializer, bias_initializer, kernel_regularizer,
             bias_regularizer, kernel_constraint, bias_constraint: of the
             dense kernels and biases, as in `keras.layers.Dense`.
@@ -79,6 +84,9 @@ class MultiHeadAttention(keras.layers.Layer):
             choice to `implementation`; `True` means `"fused"` and, as in
             Keras, refuses attention dropout and scores; `False` means
             `"explicit"`.
+        use_gate: Keras 3.15's gated attention output (arXiv 2505.06708,
+            Qwen3-Next): a `gate_dense` sublayer `(q_dim, H * d_v)` with a
+            sigmoid multiplies each head's output before `output_dense`.
         num_key_value_heads, rope_max_wavelength, rope_scaling_factor,
             rope_interleaved, sliding_window, logit_soft_cap, qk_norm,
             qk_norm_epsilon: see `keras_attn.options.AttentionOptions`, whose
@@ -158,7 +166,8 @@ class MultiHeadAttention(keras.layers.Layer):
                  rope_max_wavelength: float | None = None, rope_scaling_factor: float = 1.0,
                  rope_interleaved: bool = False, sliding_window: int | None = None,
                  logit_soft_cap: float | None = None, qk_norm: str | None = None,
-                 qk_norm_epsilon: float = 1e-6, **kwargs) -> None:
+                 qk_norm_epsilon: float = 1e-6, output_use_bias: bool | None = None,
+                 use_gate: bool = False, **kwargs) -> None:
         options = pop_options(  # any further AttentionOptions field comes in kwargs
             kwargs, num_key_value_heads=num_key_value_heads,
             rope_max_wavelength=rope_max_wavelength, rope_scaling_factor=rope_scaling_factor,
@@ -172,6 +181,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_dim = compat.output_dim_from_shape(output_dim, output_shape)
         self.dropout = check_dropout("dropout", dropout)
         self.use_bias = bool(use_bias)
+        self.output_use_bias = self.use_bias if output_use_bias is None else bool(output_use_bias)
+        self.use_gate = bool(use_gate)
         projection.set_dense_arguments(
             self, kernel_initializer=kernel_initializer, bias_initializer=bias_initializer,
             kernel_regularizer=kernel_regularizer, bias_regularizer=bias_regularizer,
@@ -210,8 +221,11 @@ class MultiHeadAttention(keras.layers.Layer):
             self.query_norm, self.key_norm = (projection.qk_norm_layer(
                 self.qk_norm, self.qk_norm_epsilon, d_k, self.dtype_policy, name)
                 for name in ("query_norm", "key_norm"))
+        if self.use_gate:
+            self.gate_dense = projection.dense(self, H * d_v, "gate_dense", activation="sigmoid")
+            self.gate_dense.build(query_shape)
         self.output_dense = projection.dense(self, self.output_dim or query_shape[-1],
-                                             "output_dense")
+                                             "output_dense", use_bias=self.output_use_bias)
         self.output_dense.build(query_shape[:-1] + (H * d_v,))
         self.built = True
 
@@ -252,6 +266,8 @@ class MultiHeadAttention(keras.layers.Layer):
             attended, scores, heads_first = self._attend(
                 q, k, v, mask_4d, is_causal, window, training, return_attention_scores,
                 cache is not None)
+        if self.use_gate:
+            attended = projection.gate(self.gate_dense, query, attended, H, d_v, heads_first)
         output = projection.project_output(self.output_dense, attended, H, d_v, heads_first)
         output = output if in_range is None else kv_cache.poison(output, in_range)  # (B, T, D_out)
         results = ((output, scores) if return_attention_scores else (output,)) + (
@@ -307,14 +323,9 @@ class MultiHeadAttention(keras.layers.Layer):
             q = self.query_norm(q)
             k = None if read_only else self.key_norm(k)
         if self.rope_max_wavelength is not None:
-            T = ops.shape(query)[1]
-            if read_only:  # the queries end at S_max; the stored keys are rotated already
-                q_positions, _ = kv_cache.positions(T, ops.shape(cache)[2])
-            else:
-                q_positions, k_positions = kv_cache.positions(
-                    T, ops.shape(key)[1], 0 if cache is None else cache_update_index)
-                k = projection.rope(k, k_positions, self.options)
-            q = projection.rope(q, q_positions, self.options)
+            q, k = projection.rope_heads(
+                q, None if read_only else k, ops.shape(query)[1],
+                None if read_only else ops.shape(key)[1], cache, cache_update_index, self.options)
         if cache is None:
             return q, k, v, None
         new_cache = cache if read_only else kv_cache.write(cache, k, v, cache_update_index,
@@ -339,6 +350,7 @@ class MultiHeadAttention(keras.layers.Layer):
         config.update({
             "num_heads": self.num_heads, "key_dim": self.key_dim, "value_dim": self.value_dim,
             "output_dim": self.output_dim, "dropout": self.dropout, "use_bias": self.use_bias,
+            "output_use_bias": self.output_use_bias, "use_gate": self.use_gate,
             **projection.dense_config(self),
             "seed": self.seed, "implementation": compat.implementation_config(self.implementation),
             **self.options.get_config(),

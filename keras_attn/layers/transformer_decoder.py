@@ -32,7 +32,9 @@ class TransformerDecoderLayer(TransformerLayerBase):
     by keyword any other `AttentionOptions` field such as `scale`, or
     `rope_type` and its `rope_*` parameters), `normalization`, `use_bias`,
     `gated_feed_forward`, `implementation` and `attention_dropout` (both
-    attention sublayers).
+    attention sublayers), the biases per projection `attention_use_bias`,
+    `attention_output_use_bias`, `feed_forward_use_bias`, and the sandwich
+    norms `use_post_attention_norm`, `use_post_ffw_norm`.
 
     Sublayers: `self_attention`, `self_attention_norm`, `cross_attention`,
     `cross_attention_norm` (only with memory), `feed_forward`,
@@ -118,6 +120,8 @@ class TransformerDecoderLayer(TransformerLayerBase):
                 "cross_attention", model_dim, inputs_shape, memory_shape, self_attention=False)
             self.cross_attention_norm = self._norm("cross_attention_norm", inputs_shape)
             self.cross_attention_dropout = self._dropout("cross_attention_dropout")
+            self.post_cross_attention_norm = self._post_norm(
+                self.use_post_attention_norm, "post_cross_attention_norm", inputs_shape)
         self._build_feed_forward(inputs_shape)
         self.built = True
 
@@ -267,7 +271,8 @@ class TransformerDecoderLayer(TransformerLayerBase):
             self._attention_fn(self.self_attention, None, self_key_mask, attention_mask,
                                use_causal_mask, training, scores, self_attention_cache,
                                self_attention_cache_update_index),
-            self.self_attention_norm, self.self_attention_dropout, training)
+            self.self_attention_norm, self.self_attention_dropout, training,
+            self.post_attention_norm)
         cross_scores = cross_cache = None
         if self.has_memory:
             memory_key_mask = combine_masks(memory_padding_mask, memory_mask)
@@ -276,9 +281,11 @@ class TransformerDecoderLayer(TransformerLayerBase):
                 self._attention_fn(self.cross_attention, memory, memory_key_mask,
                                    memory_attention_mask, False, training, scores,
                                    cross_attention_cache, cross_attention_cache_update_index),
-                self.cross_attention_norm, self.cross_attention_dropout, training)
+                self.cross_attention_norm, self.cross_attention_dropout, training,
+                self.post_cross_attention_norm)
         x, _ = self._residual(x, lambda h: self.feed_forward(h, training=training),
-                              self.feed_forward_norm, self.feed_forward_dropout, training)
+                              self.feed_forward_norm, self.feed_forward_dropout, training,
+                              self.post_feed_forward_norm)
         results = (x, *(s for s in (self_scores, cross_scores) if s is not None),
                    *(c for c in (self_cache, cross_cache) if c is not None))
         return results if len(results) > 1 else x

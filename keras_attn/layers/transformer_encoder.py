@@ -51,6 +51,19 @@ class TransformerEncoderLayer(TransformerLayerBase):
             see `keras_attn.MultiHeadAttention`).
         attention_dropout: dropout rate on the attention weights (training
             only), separate from `dropout` on the sublayers' outputs.
+        attention_use_bias: bias on the attention's q, k, v projections
+            (None: `use_bias`). Qwen 2: True, with
+            `attention_output_use_bias=False` and `feed_forward_use_bias=False`.
+        attention_output_use_bias: bias on the attention's output projection
+            (None: as `attention_use_bias`).
+        feed_forward_use_bias: bias on the feed-forward's dense layers
+            (None: `use_bias`).
+        use_post_attention_norm, use_post_ffw_norm: keras-hub's Gemma names:
+            also normalise the attention's (feed-forward's) output before the
+            residual add, `x = x + Drop(N_post(f(N(x))))` with pre-LN (Gemma 2
+            and 3, OLMo 2's "sandwich"); sublayers `post_attention_norm`
+            (`post_cross_attention_norm` too in a decoder with memory) and
+            `post_feed_forward_norm`, of the kind `normalization` says.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Sublayers: `self_attention` (`keras_attn.MultiHeadAttention`),
@@ -118,7 +131,9 @@ class TransformerEncoderLayer(TransformerLayerBase):
         attend = self._attention_fn(self.self_attention, None, key_mask, attention_mask,
                                     use_causal_mask, training, bool(return_attention_scores))
         x, (scores, _) = self._residual(inputs, attend, self.self_attention_norm,
-                                        self.self_attention_dropout, training)
+                                        self.self_attention_dropout, training,
+                                        self.post_attention_norm)
         x, _ = self._residual(x, lambda h: self.feed_forward(h, training=training),
-                              self.feed_forward_norm, self.feed_forward_dropout, training)
+                              self.feed_forward_norm, self.feed_forward_dropout, training,
+                              self.post_feed_forward_norm)
         return (x, scores) if return_attention_scores else x

@@ -13,9 +13,12 @@ __all__ = ["LAYOUT"]
 # blocks (each a sublayer `<part>` plus a norm `<part>_norm`). Parts a layer
 # was built without (a gate, qk norms, cross-attention) are skipped.
 LAYOUT = {
-    "MultiHeadAttention": {"dense": ("query", "key", "value", "output"),
+    "MultiHeadAttention": {"dense": ("query", "key", "value", "gate", "output"),
                            "norms": ("query_norm", "key_norm")},
     "PositionwiseFeedForward": {"dense": ("gate", "intermediate", "output")},
-    "TransformerEncoderLayer": {"blocks": ("self_attention", "feed_forward")},
-    "TransformerDecoderLayer": {"blocks": ("self_attention", "cross_attention", "feed_forward")},
+    "TransformerEncoderLayer": {"blocks": ("self_attention", "feed_forward"),
+                                "norms": ("post_attention_norm", "post_feed_forward_norm")},
+    "TransformerDecoderLayer": {"blocks": ("self_attention", "cross_attention", "feed_forward"),
+                                "norms": ("post_attention_norm", "post_cross_attention_norm",
+                                          "post_feed_forward_norm")},
 }

@@ -182,7 +182,8 @@ def multi_head_attention(
     ...): `rope_inverse_frequencies`'s `<name>`.
 
     params: dicts `query`, `key`, `value`, `output` (dense layers), and
-    `query_norm`, `key_norm` with `qk_norm`. Head h owns columns
+    `query_norm`, `key_norm` with `qk_norm`, `gate` (on the query input) for
+    a gated output. Head h owns columns
     `[h * d, (h + 1) * d)` of the projections; with H_kv =
     `num_key_value_heads` < H, query head n uses key/value head
     n // (H / H_kv). qk-norm, then RoPE, apply to each head's queries and
@@ -220,6 +221,8 @@ def multi_head_attention(
     )
     B, H, T, d_v = out.shape
     out = out.transpose(0, 2, 1, 3).reshape(B, T, H * d_v)  # (B, T, H * d_v)
+    if "gate" in params:  # Keras's `use_gate`: sigmoid(query W_g + b_g) per head feature
+        out = out / (1.0 + np.exp(-dense(query, params["gate"])))
     return dense(out, params["output"]), weights
 
 
@@ -255,8 +258,12 @@ def _norm(x, params, epsilon):
     return layer_norm(x, params, epsilon)
 
 
-def _sublayer(x, fn, norm_params, epsilon, normalize_first):
-    """Residual around `fn`, post-norm (paper) or pre-norm."""
+def _sublayer(x, fn, norm_params, epsilon, normalize_first, post_params=None):
+    """Residual around `fn`, post-norm (paper) or pre-norm; with `post_params`
+    `fn`'s output is normalised too before the sum (sandwich norms)."""
+    if post_params is not None:
+        inner = fn
+        fn = lambda h: _norm(inner(h), post_params, epsilon)  # noqa: E731
     if normalize_first:
         return x + fn(_norm(x, norm_params, epsilon))
     return _norm(x + fn(x), norm_params, epsilon)
@@ -291,7 +298,9 @@ def decoder_layer(
     """Decoder layer: causal self-attention, cross-attention, FFN.
 
     params as for the encoder, plus `cross_attention` and
-    `cross_attention_norm` when `memory` is given. `attention_options` go to
+    `cross_attention_norm` when `memory` is given, and the sandwich norms
+    `post_attention_norm`, `post_cross_attention_norm`,
+    `post_feed_forward_norm` when present. `attention_options` go to
     the self-attention only; cross-attention stays plain multi-head.
     """
     x = np.asarray(x, np.float64)
@@ -305,7 +314,7 @@ def decoder_layer(
         )[0]
 
     x = _sublayer(x, attend, params["self_attention_norm"], epsilon,
-                  normalize_first)
+                  normalize_first, params.get("post_attention_norm"))
     if memory is not None:
         memory = np.asarray(memory, np.float64)
         cross_mask = _attention_mask(memory_padding_mask, memory_attention_mask, T)
@@ -317,7 +326,7 @@ def decoder_layer(
             )[0]
 
         x = _sublayer(x, cross, params["cross_attention_norm"], epsilon,
-                      normalize_first)
+                      normalize_first, params.get("post_cross_attention_norm"))
     ffn = lambda h: feed_forward(params["feed_forward"], h, activation_name)  # noqa: E731
     return _sublayer(x, ffn, params["feed_forward_norm"], epsilon,
-                     normalize_first)
+                     normalize_first, params.get("post_feed_forward_norm"))
