@@ -30,7 +30,8 @@ Two pairings of the features, both in use:
   `rotate_half(x) = concat(-x[d/2:], x[:d/2])`;
 - interleaved (the paper, GPT-J): feature `2i` pairs with `2i + 1`.
 
-Dimension letters: B batch, L sequence length, d the rotated (last) axis.
+Dimension letters: B batch, L sequence length, d the rotated axis
+(`feature_axis`, the last by default).
 """
 
 import math
@@ -134,14 +135,17 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
                      original_max_position_embeddings: int | None = None,
                      beta_fast: float = 32.0, beta_slow: float = 1.0,
                      attention_factor: float | None = None, mscale: float | None = None,
-                     mscale_all_dim: float | None = None, truncate: bool = True) -> Tensor:
-    """Rotate the last axis of `x` by its positions.
+                     mscale_all_dim: float | None = None, truncate: bool = True,
+                     feature_axis: int = -1) -> Tensor:
+    """Rotate the features of `x` (its last axis by default) by their positions.
 
     Args:
         x: `(B, L, ..., d)` (for example `(B, L, H, d)` or `(B, L, d)`), with
-            the sequence on `sequence_axis` and an even last axis d.
-        positions: int positions `(L,)` or `(B, L)`; defaults to
-            `start_index + arange(L)`.
+            the sequence on `sequence_axis` and the even axis d on
+            `feature_axis` (the last by default: `(B, L, d, H)` with
+            `feature_axis=2` is rotated as its transpose `(B, L, H, d)`).
+        positions: int positions `(L,)` or `(B, L)` (B on axis 0); defaults
+            to `start_index + arange(L)`.
         start_index: offset of the first position when `positions` is None
             (an int or a scalar tensor: decoding over a cache).
         max_wavelength: the base of the frequencies (10000 in the paper).
@@ -167,6 +171,9 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
         mscale_all_dim: yarn: see `mscale`.
         truncate: yarn: round the ramp's bounds to whole frequencies
             (Hugging Face's `truncate`, default True).
+        feature_axis: the axis of `x` that holds the d rotated features
+            (any axis other than `sequence_axis`; negative counts from the
+            end).
 
     Returns:
         A tensor of the shape and dtype of `x`.
@@ -182,23 +189,34 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
     """
     x = ops.convert_to_tensor(x)
     shape = static_shape(x)
-    dim = shape[-1]
+    sequence_axis, feature_axis = _check_axes(sequence_axis, feature_axis, shape)
+    dim = shape[feature_axis]
     if dim is None or dim % 2:
         raise ValueError(
-            "Rotary embeddings rotate pairs of features: the last axis must be even. "
-            f"Received: x.shape={shape}"
+            "Rotary embeddings rotate pairs of features: the feature axis "
+            f"(feature_axis={feature_axis}) must be even. Received: x.shape={shape}"
         )
     rope = _rope_arguments(
         rope_type, scaling_factor, low_freq_factor, high_freq_factor,
         original_max_position_embeddings, beta_fast, beta_slow, attention_factor, mscale,
         mscale_all_dim, truncate)
-    sequence_axis = sequence_axis % len(shape)
+    last = len(shape) - 1
+    if feature_axis != last:  # rotate the features on the last axis, then put them back
+        rotated = rotary_embedding(
+            ops.moveaxis(x, feature_axis, -1), positions, start_index, max_wavelength,
+            scaling_factor, interleaved,
+            sequence_axis - 1 if sequence_axis > feature_axis else sequence_axis, **rope)
+        return ops.moveaxis(rotated, -1, feature_axis)
     compute = softmax_dtype(x.dtype)  # float32 at least
     if positions is None:
         length = ops.shape(x)[sequence_axis]
         positions = ops.arange(length, dtype="int32") + start_index  # (L,)
     angles, factor = _angles(positions, dim, max_wavelength, scaling_factor, compute, rope)
-    # Put L on the sequence axis and 1s on the axes between it and d.
+    # Put L on the sequence axis and 1s on the axes between it and d, and (B, L)
+    # positions' B on axis 0 (keras-hub's meaning) with 1s between it and L.
+    if len(angles.shape) == 3:
+        for _ in range(sequence_axis - 1):
+            angles = ops.expand_dims(angles, 1)
     for _ in range(len(shape) - sequence_axis - 2):
         angles = ops.expand_dims(angles, -2)
     if interleaved:
@@ -210,6 +228,30 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
         cos, sin = cos * factor, sin * factor  # in float32 at least, as Hugging Face
     cos, sin = ops.cast(cos, x.dtype), ops.cast(sin, x.dtype)
     return x * cos + _rotate(x, interleaved) * sin
+
+
+def _check_axes(sequence_axis, feature_axis, shape):
+    """`(sequence_axis, feature_axis)` as non-negative axes of an input of `shape`."""
+    rank = len(shape)
+    axes = []
+    for name, axis in (("sequence_axis", sequence_axis), ("feature_axis", feature_axis)):
+        if isinstance(axis, bool) or not isinstance(axis, numbers.Integral) or not (
+                -rank <= axis < rank):
+            raise ValueError(
+                f"`{name}` must be an axis of the input (an int in [{-rank}, {rank - 1}] for "
+                f"rank {rank}). Received: {name}={axis!r} for x.shape={shape}")
+        axes.append(int(axis) % rank)
+    if axes[0] == axes[1]:
+        raise ValueError(
+            "`feature_axis` and `sequence_axis` must be different axes. Received: "
+            f"feature_axis={feature_axis}, sequence_axis={sequence_axis} for x.shape={shape}")
+    return axes[0], axes[1]
+
+
+def _check_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"`{name}` must be an int (an axis). Received: {name}={value!r}")
+    return int(value)
 
 
 def _rope_arguments(rope_type, scaling_factor, *parameters, prefix=""):
@@ -236,15 +278,20 @@ class RotaryEmbedding(keras.layers.Layer):
     """Rotary position embedding as a layer (no weights).
 
     The same arguments and call as keras-hub's `RotaryEmbedding` (its
-    `rope_type`, `beta_fast`, `beta_slow`, `original_max_position_embeddings`,
-    `truncate`), plus `interleaved` and Hugging Face's llama3 and YaRN
-    parameters; see `keras_attn.rotary_embedding` for the maths. Differences
-    from keras-hub: the default `rope_type` is `"default"` (keras-hub's
-    `"linear"`, the same frequencies); `"dynamic"` is refused;
-    `original_max_position_embeddings` has no default (keras-hub's 4096) and
-    is required for llama3 and yarn; `truncate` is Hugging Face's (round the
-    ramp's bounds, default True) and never clamps positions, as keras-hub's
-    `truncate=True` also does.
+    `max_wavelength`, `scaling_factor`, `rope_type`, `beta_fast`, `beta_slow`,
+    `original_max_position_embeddings`, `truncate`, `sequence_axis`,
+    `feature_axis`; called as `(inputs, start_index=0, positions=None)`),
+    plus `interleaved` and Hugging Face's llama3 and YaRN parameters; see
+    `keras_attn.rotary_embedding` for the maths. Pass them by keyword: after
+    the first two, the order of the arguments is not keras-hub's.
+    Deliberate differences from keras-hub: the default `rope_type` is
+    `"default"` (keras-hub's `"linear"`, the same frequencies); `"dynamic"`
+    is refused; `original_max_position_embeddings` has no default
+    (keras-hub's 4096) and is required for llama3 and yarn; yarn follows
+    Hugging Face's formulas: `truncate` rounds the ramp's bounds (default
+    True, keras-hub's False) and never clamps positions (keras-hub's
+    `truncate=True` also clamps them to `original_max_position_embeddings`);
+    keras-hub's newer `denominator_dim` is not taken.
 
     Args:
         max_wavelength: the base of the frequencies. Defaults to 10000.
@@ -265,10 +312,14 @@ class RotaryEmbedding(keras.layers.Layer):
         mscale: yarn's, with `mscale_all_dim` (DeepSeek).
         mscale_all_dim: yarn's, with `mscale`.
         truncate: yarn's: round the ramp's bounds to whole frequencies.
+        feature_axis: the axis of the input that holds the d rotated
+            features (keras-hub's; default -1, the last). Any axis other than
+            `sequence_axis`: the features are rotated as if moved last.
         **kwargs: base layer arguments.
 
     Call arguments:
-        inputs: `(B, L, ..., d)`, d even.
+        inputs: `(B, L, ..., d)` (d even, on `feature_axis`; the sequence L
+            on `sequence_axis`).
         start_index: the position of the first element (an int or a scalar
             tensor), used when `positions` is None.
         positions: optional int positions `(L,)` or `(B, L)`.
@@ -282,6 +333,15 @@ class RotaryEmbedding(keras.layers.Layer):
     >>> rope = RotaryEmbedding(max_wavelength=10000)
     >>> tuple(rope(np.zeros((2, 7, 4, 16), "float32"), start_index=3).shape)
     (2, 7, 4, 16)
+
+    Features on another axis, `(B, L, d, H)`: the same as rotating the
+    transposed `(B, L, H, d)`.
+
+    >>> x = np.random.default_rng(0).normal(size=(2, 5, 8, 3)).astype("float32")
+    >>> y = RotaryEmbedding(feature_axis=2)(x)
+    >>> y_last = rope(np.swapaxes(x, 2, 3))
+    >>> bool(np.allclose(np.swapaxes(np.asarray(y_last), 2, 3), np.asarray(y), atol=1e-6))
+    True
     """
 
     def __init__(self, max_wavelength: float = 10000, scaling_factor: float = 1.0,
@@ -291,11 +351,16 @@ class RotaryEmbedding(keras.layers.Layer):
                  beta_fast: float = 32.0, beta_slow: float = 1.0,
                  attention_factor: float | None = None, mscale: float | None = None,
                  mscale_all_dim: float | None = None, truncate: bool = True,
-                 **kwargs) -> None:
+                 feature_axis: int = -1, **kwargs) -> None:
         super().__init__(**kwargs)
         self.max_wavelength = check_positive_float("max_wavelength", max_wavelength)
         self.interleaved = bool(interleaved)
-        self.sequence_axis = int(sequence_axis)
+        self.sequence_axis = _check_int("sequence_axis", sequence_axis)
+        self.feature_axis = _check_int("feature_axis", feature_axis)
+        if self.feature_axis == self.sequence_axis:
+            raise ValueError(
+                "`feature_axis` and `sequence_axis` must be different axes. Received: "
+                f"feature_axis={feature_axis}, sequence_axis={sequence_axis}")
         checked = check_rope_scaling(
             rope_type, scaling_factor, low_freq_factor, high_freq_factor,
             original_max_position_embeddings, beta_fast, beta_slow, attention_factor, mscale,
@@ -312,7 +377,7 @@ class RotaryEmbedding(keras.layers.Layer):
     def call(self, inputs, start_index=0, positions=None):
         return rotary_embedding(inputs, positions, start_index, self.max_wavelength,
                                 self.scaling_factor, self.interleaved, self.sequence_axis,
-                                **self._rope())
+                                feature_axis=self.feature_axis, **self._rope())
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -324,6 +389,7 @@ class RotaryEmbedding(keras.layers.Layer):
             "scaling_factor": self.scaling_factor,
             "interleaved": self.interleaved,
             "sequence_axis": self.sequence_axis,
+            "feature_axis": self.feature_axis,
             **self._rope(),
         })
         return config

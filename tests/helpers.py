@@ -54,13 +54,20 @@ def keras_version():
 def requires_keras_mha_argument(name):
     """Skip a test of a `keras.layers.MultiHeadAttention` argument that the installed
     Keras does not have (`use_gate`, `sliding_window`: newer than the declared floor)."""
+    return requires_keras_argument("MultiHeadAttention", name)
+
+
+def requires_keras_argument(layer, name):
+    """Skip a test of an argument of `keras.layers.<layer>` that the installed Keras does
+    not have (for example GroupQueryAttention's `use_gate`, `sliding_window`)."""
     import inspect
 
     import pytest
 
-    present = name in inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters
+    cls = getattr(keras.layers, layer, None)
+    present = cls is not None and name in inspect.signature(cls.__init__).parameters
     return pytest.mark.skipif(
-        not present, reason=f"keras.layers.MultiHeadAttention in Keras {keras.__version__} has "
+        not present, reason=f"keras.layers.{layer} in Keras {keras.__version__} has "
         f"no `{name}` argument")
 
 

@@ -17,7 +17,7 @@ import keras_attn
 from keras_attn import convert
 from keras_attn.testing.weights import randomize_weights
 
-from .helpers import assert_close, randn, requires_keras_mha_argument, rng, to_numpy
+from .helpers import assert_close, randn, rng, to_numpy
 
 B, T, S = 2, 5, 7
 D_Q, D_K, D_V = 6, 9, 5
@@ -134,14 +134,6 @@ def test_from_keras_rejects_other_attention_axes():
         convert.multi_head_attention_from_keras(source)
 
 
-@requires_keras_mha_argument("use_gate")
-def test_from_keras_rejects_a_gate():
-    source = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, use_gate=True)
-    source.build((2, 3, 6), (2, 3, 6))
-    with pytest.raises(ValueError, match="use_gate"):
-        convert.multi_head_attention_from_keras(source)
-
-
 def test_from_keras_rejects_derived_arguments():
     source = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
     source.build((2, 3, 6), (2, 3, 6))
@@ -188,7 +180,8 @@ def test_converters_import_only_keras_numpy_and_the_standard_library():
 
 
 def test_the_keras_converter_reads_private_attributes_in_one_helper_only():
-    """Keras's public API (`query_dense`, `attention_axes`, ...), except three options it hides."""
+    """Keras's public API (`query_dense`, `attention_axes`, ...), except what it hides: four
+    options and the gate of a MultiHeadAttention, the sublayers of a GroupQueryAttention."""
     tree = dict(_convert_modules())["keras.py"]
     private = {}
     for function in tree.body:
@@ -198,7 +191,9 @@ def test_the_keras_converter_reads_private_attributes_in_one_helper_only():
                       if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr"
                       and isinstance(node.args[1], ast.Constant)}
             private[function.name] = {n for n in names if n.startswith("_") and not n.startswith("__")}
-    assert private.pop("_unexposed_arguments") == {"_use_gate", "_output_shape", "_sliding_window"}
+    assert private.pop("_unexposed_arguments") == {
+        "_use_gate", "_output_shape", "_sliding_window", "_flash_attention", "_gate_dense",
+        "_query_dense", "_key_dense", "_value_dense", "_output_dense"}
     assert not any(private.values()), f"private attributes read: {private}"
 
 

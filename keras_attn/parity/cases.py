@@ -180,6 +180,23 @@ CASES = (
           "use_bias": False, "gated_feed_forward": True, "activation": "silu",
           "layer_norm_epsilon": 1e-6},
          {"inputs": (B, T, D)}),
+    Case("mha_gated_qkv_bias", "mha",
+         "MultiHeadAttention: Keras's use_gate (sigmoid gate per head), GQA 4/2, bias on "
+         "q/k/v only (output_use_bias=False), causal",
+         {"num_heads": 4, "key_dim": 4, "num_key_value_heads": 2, "use_gate": True,
+          "output_use_bias": False},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    Case("decoder_gemma_sandwich", "decoder",
+         "TransformerDecoderLayer: Gemma-style sandwich norms (post-attention and "
+         "post-feed-forward RMSNorm), qk-norm, scale 0.7, soft-cap 3, window 3, Qwen 2's "
+         "biases (q/k/v only)",
+         {"num_heads": 4, "intermediate_dim": 12, "num_key_value_heads": 2,
+          "rope_max_wavelength": 10000.0, "normalization": "rms", "normalize_first": True,
+          "gated_feed_forward": True, "activation": "silu", "qk_norm": "rms", "scale": 0.7,
+          "logit_soft_cap": 3.0, "sliding_window": 3, "attention_use_bias": True,
+          "attention_output_use_bias": False, "feed_forward_use_bias": False,
+          "use_post_attention_norm": True, "use_post_ffw_norm": True},
+         {"inputs": (B, T, D)}),
     # Cached decoding: a prefill of the first tokens, then one token per call over a
     # key/value cache; the outputs, concatenated, against the uncached reference.
     Case("mha_cached_gqa_rope", "mha",
@@ -237,16 +254,20 @@ def _dense(prefix, n_in, n_out, bias=True):
 
 
 def _mha(prefix, q_dim, k_dim, v_dim, heads, key_dim, value_dim=None, output_dim=None,
-         bias=True, kv_heads=None, qk_norm=None):
+         bias=True, kv_heads=None, qk_norm=None, output_bias=None, gate=False):
     value_dim = value_dim or key_dim
     output_dim = output_dim or q_dim
     kv_heads = kv_heads or heads
     p = prefix + "/" if prefix else ""
     sizes = {"query": (q_dim, heads * key_dim), "key": (k_dim, kv_heads * key_dim),
              "value": (v_dim, kv_heads * value_dim), "output": (heads * value_dim, output_dim)}
+    if gate:  # Keras's use_gate, on the query input
+        sizes["gate"] = (q_dim, heads * value_dim)
     shapes = {}
     for part in LAYOUT["MultiHeadAttention"]["dense"]:
-        shapes.update(_dense(p + part, *sizes[part], bias))
+        if part in sizes:
+            has_bias = bias if part != "output" or output_bias is None else output_bias
+            shapes.update(_dense(p + part, *sizes[part], has_bias))
     if qk_norm is not None:
         for part in LAYOUT["MultiHeadAttention"]["norms"]:
             shapes.update(_norm(p + part, key_dim, qk_norm))
@@ -282,24 +303,39 @@ def weight_shapes(case):
         k = s.get("key", s["query"])[-1]
         v = s.get("value", s.get("key", s["query"]))[-1]
         return _mha("", q, k, v, c["num_heads"], c["key_dim"], c.get("value_dim"),
-                    c.get("output_dim"), bias, c.get("num_key_value_heads"), c.get("qk_norm"))
+                    c.get("output_dim"), bias, c.get("num_key_value_heads"), c.get("qk_norm"),
+                    c.get("output_use_bias"), c.get("use_gate", False))
     if case.kind == "ffn":
         return _ffn("", s["inputs"][-1], c["intermediate_dim"], c.get("output_dim"), bias,
                     c.get("gated", False))
     d = s["inputs"][-1]
     head = c.get("key_dim") or d // c["num_heads"]
     norm = c.get("normalization", "layer")
-    shapes = {**_mha("self_attention", d, d, d, c["num_heads"], head, output_dim=d, bias=bias,
-                     kv_heads=c.get("num_key_value_heads"), qk_norm=c.get("qk_norm")),
+    attention_bias = c.get("attention_use_bias")
+    attention_bias = bias if attention_bias is None else attention_bias
+    output_bias = c.get("attention_output_use_bias")
+    output_bias = attention_bias if output_bias is None else output_bias
+    shapes = {**_mha("self_attention", d, d, d, c["num_heads"], head, output_dim=d,
+                     bias=attention_bias, kv_heads=c.get("num_key_value_heads"),
+                     qk_norm=c.get("qk_norm"), output_bias=output_bias),
               **_norm("self_attention_norm", d, norm)}
+    post = c.get("use_post_attention_norm", False)
+    if post:
+        shapes.update(_norm("post_attention_norm", d, norm))
     if "memory" in s:
         m = s["memory"][-1]
         shapes.update(_mha("cross_attention", d, m, m, c["num_heads"], head, output_dim=d,
-                           bias=bias))
+                           bias=attention_bias, output_bias=output_bias))
         shapes.update(_norm("cross_attention_norm", d, norm))
-    shapes.update(_ffn("feed_forward", d, c["intermediate_dim"], bias=bias,
+        if post:
+            shapes.update(_norm("post_cross_attention_norm", d, norm))
+    ffn_bias = c.get("feed_forward_use_bias")
+    shapes.update(_ffn("feed_forward", d, c["intermediate_dim"],
+                       bias=bias if ffn_bias is None else ffn_bias,
                        gated=c.get("gated_feed_forward", False)))
     shapes.update(_norm("feed_forward_norm", d, norm))
+    if c.get("use_post_ffw_norm", False):
+        shapes.update(_norm("post_feed_forward_norm", d, norm))
     return shapes
 
 
