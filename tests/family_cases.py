@@ -129,13 +129,14 @@ def relative_error(actual, expected):
     return float(np.abs(actual - expected).max() / np.abs(expected).max())
 
 
-def build_hf(name, small=False):
-    """The transformers `*ForCausalLM` of case `name`, with its random weights (torch only)."""
+def build_hf(name, small=False, **overrides):
+    """The transformers `*ForCausalLM` of case `name` (its config kwargs updated with
+    `overrides`), with its random weights (torch only)."""
     import torch
     import transformers
 
     config_class, _, seed, _ = CASES[name]
-    config = getattr(transformers, config_class)(**config_kwargs(name, small))
+    config = getattr(transformers, config_class)(**{**config_kwargs(name, small), **overrides})
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
@@ -149,13 +150,16 @@ def build_hf(name, small=False):
     return model.float().eval()
 
 
-def hf_reference(model, ids):
+def hf_reference(model, ids, generate=True):
     """transformers' logits over `ids` `(B, T)`, 16 greedy tokens after the first P, and the
-    smallest greedy margin (top-1 minus top-2 logit) over those steps."""
+    smallest greedy margin (top-1 minus top-2 logit) over those steps (None, None without
+    `generate`)."""
     import torch
 
     with torch.no_grad():
         logits = model(torch.from_numpy(ids).long()).logits.numpy()
+        if not generate:
+            return logits, None, None
         prompt = torch.from_numpy(ids[:, :P]).long()
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
                              max_new_tokens=NEW, min_new_tokens=NEW, return_dict_in_generate=True,

@@ -66,6 +66,21 @@ def test_ablation_moves_the_logits(converted, name):
     assert error > 100 * fc.TOLERANCE, f"{name}: ablation {fc.CASES[name][3][0]!r}: {error:.3g}"
 
 
+@pytest.mark.parametrize("name, overrides", [
+    ("llama", {"attention_bias": True, "mlp_bias": True}),
+    ("qwen3", {"attention_bias": True, "tie_word_embeddings": True}),
+    ("gemma2", {"attention_bias": True, "attn_logit_softcapping": None,
+                "final_logit_softcapping": None}),
+])
+def test_config_variants_match_transformers(name, overrides):
+    """Biases on every projection, a tied head, no soft-caps: the logits still match."""
+    model = fc.build_hf(name, **overrides)
+    ids = fc.token_ids(name)
+    logits, _, _ = fc.hf_reference(model, ids, generate=False)
+    lm = convert.causal_lm_from_transformers(model)
+    assert fc.relative_error(_logits(lm, ids), logits) <= fc.TOLERANCE
+
+
 @pytest.mark.parametrize("name", ["qwen2", "gemma2"])
 def test_dict_config_and_numpy_state_dict(converted, name):
     """A config.json dict and a state dict of numpy arrays give the same model (no torch)."""

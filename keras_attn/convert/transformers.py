@@ -42,7 +42,7 @@ __all__ = ["causal_lm_from_transformers", "family_table",
 
 def _cross_check(entries, name, shape, expected, fields):
     """Entry `name` must have `shape`; `expected` names the config fields it comes from."""
-    array = entries.rank(name, len(shape), "(" + ", ".join("?" * len(shape)) + ")")
+    array = entries.rank(name, len(shape), expected)
     if array.shape != tuple(shape):
         raise ValueError(
             f"The config and the weights disagree: {fields} give {expected} = "
@@ -64,17 +64,18 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub=""):
                      f"{kv_heads}, {width}")
     o = _cross_check(entries, sub + "o_proj.weight", (D, H * d), "(D, H * d)", f"{width}, {heads}")
     bias = {}
-    for part, rows, flag, what in (("q", H * d, spec.qkv_bias, heads),
-                                   ("k", H_kv * d, spec.qkv_bias, kv_heads),
-                                   ("v", H_kv * d, spec.qkv_bias, kv_heads),
-                                   ("o", D, spec.output_bias, width)):
+    for part, rows, letters, flag, what in (("q", H * d, "(H * d,)", spec.qkv_bias, heads),
+                                            ("k", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
+                                            ("v", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
+                                            ("o", D, "(D,)", spec.output_bias, width)):
         name = f"{sub}{part}_proj.bias"
         if flag:
-            bias[part] = _cross_check(entries, name, (rows,), "(rows,)", what)
+            bias[part] = _cross_check(entries, name, (rows,), letters, what)
         elif entries.has(name):
+            why = ("Qwen 2 has no output bias" if spec.family == "qwen2" else
+                   "the config has attention_bias=False")
             raise ValueError(
-                f"The config and the weights disagree: the {spec.family!r} config has no bias "
-                f"on {part}_proj (attention_bias={spec.qkv_bias}) but state_dict has "
+                f"The config and the weights disagree: {why}, but state_dict has "
                 f"{entries.key(name)}.")
     weights = {"query": (q.T, bias.get("q")), "key": (k.T, bias.get("k")),
                "value": (v.T, bias.get("v")), "output": (o.T, bias.get("o"))}
@@ -112,7 +113,7 @@ def _block_plan(entries, spec: ModelSpec, block, sub=""):
         w = _cross_check(entries, name + ".weight", shape, letters, sizes)
         b = None
         if spec.mlp_bias:
-            b = _cross_check(entries, name + ".bias", shape[:1], "(rows,)", sizes)
+            b = _cross_check(entries, name + ".bias", shape[:1], letters[:2] + ",)", sizes)
         elif entries.has(name + ".bias"):
             raise ValueError(f"The config and the weights disagree: mlp_bias=False but "
                              f"state_dict has {entries.key(name + '.bias')}.")
