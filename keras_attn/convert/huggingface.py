@@ -85,10 +85,12 @@ def multi_head_attention_from_llama(state_dict: Mapping[str, Any], num_heads: in
 
     Call the result as self-attention, `layer(x, use_causal_mask=True)` for
     Llama's causal mask, on `x` `(B, T, D)`; positions are `0 .. T - 1`
-    (Llama's default `position_ids`). Only the default RoPE (`rope_type`
-    `"default"`) is reproduced; `"linear"` scaling with factor s is
-    `rope_scaling_factor=s` in `**kwargs`; other RoPE types (`"llama3"`,
-    `"yarn"`, `"dynamic"`, ...) are not supported.
+    (Llama's default `position_ids`). This function does not read the
+    config: RoPE is the default one unless `**kwargs` say otherwise
+    (`rope_type="llama3"` or `"yarn"` with its `rope_*` parameters, or
+    `rope_scaling_factor=s` for `"linear"`). To read all of it from the
+    config, and have what cannot be reproduced refused, use
+    `keras_attn.convert.multi_head_attention_from_transformers`.
 
     Args:
         state_dict: the module's `state_dict()` (a mapping from names to
