@@ -138,6 +138,19 @@ def _check_layer_index(spec, layer_index):
                          f"{spec.num_layers}). Received: layer_index={layer_index!r}")
 
 
+def _convert_layer(module_or_state_dict, config, layer_index, make, plan_of):
+    """The layer converters' one path: read and check the config, `make(spec)` the built
+    layer, check every state-dict entry against it (`plan_of`), then assign."""
+    spec = read_config(config)
+    _check_layer_index(spec, layer_index)
+    entries = _common.StateDict(module_or_state_dict, "")
+    layer = make(spec)
+    plan = plan_of(entries, spec, layer)
+    entries.check_all_used()
+    _common.assign(plan)
+    return layer
+
+
 def multi_head_attention_from_transformers(module_or_state_dict: Any, config: Any,
                                            layer_index: int = 0) -> MultiHeadAttention:
     """A `keras_attn.MultiHeadAttention` from the attention of layer `layer_index` of a transformers LM.
@@ -162,18 +175,15 @@ def multi_head_attention_from_transformers(module_or_state_dict: Any, config: An
         ValueError: a refused or unknown config field, an entry missing,
             extra or disagreeing with the config.
     """
-    spec = read_config(config)
-    _check_layer_index(spec, layer_index)
-    entries = _common.StateDict(module_or_state_dict, "")
-    layer = MultiHeadAttention(
-        spec.num_heads, spec.head_dim, num_key_value_heads=spec.num_key_value_heads,
-        use_bias=spec.qkv_bias, output_use_bias=spec.output_bias,
-        dropout=spec.attention_dropout, **spec.layers[layer_index].attention)
-    layer.build(query_shape=(None, None, spec.hidden_dim))
-    plan = _attention_plan(entries, spec, layer)
-    entries.check_all_used()
-    _common.assign(plan)
-    return layer
+    def make(spec):
+        layer = MultiHeadAttention(
+            spec.num_heads, spec.head_dim, num_key_value_heads=spec.num_key_value_heads,
+            use_bias=spec.qkv_bias, output_use_bias=spec.output_bias,
+            dropout=spec.attention_dropout, **spec.layers[layer_index].attention)
+        layer.build(query_shape=(None, None, spec.hidden_dim))
+        return layer
+
+    return _convert_layer(module_or_state_dict, config, layer_index, make, _attention_plan)
 
 
 def transformer_decoder_layer_from_transformers(module_or_state_dict: Any, config: Any,
@@ -198,15 +208,12 @@ def transformer_decoder_layer_from_transformers(module_or_state_dict: Any, confi
         ValueError: a refused or unknown config field, an entry missing,
             extra or disagreeing with the config.
     """
-    spec = read_config(config)
-    _check_layer_index(spec, layer_index)
-    entries = _common.StateDict(module_or_state_dict, "")
-    block = _block(spec, layer_index)
-    block.build((None, None, spec.hidden_dim))
-    plan = _block_plan(entries, spec, block)
-    entries.check_all_used()
-    _common.assign(plan)
-    return block
+    def make(spec):
+        block = _block(spec, layer_index)
+        block.build((None, None, spec.hidden_dim))
+        return block
+
+    return _convert_layer(module_or_state_dict, config, layer_index, make, _block_plan)
 
 
 def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, Any] | None = None,
