@@ -35,7 +35,10 @@ Backends: Keras 3 implements `keras.distribution` on JAX only. On PyTorch
 and NumPy it has no backend at all (`keras.distribution.list_devices()`
 fails); on TensorFlow it is an unfinished prototype whose layouts are
 ignored (variables stay unsharded without any message). `get_layout_map`
-therefore raises a `RuntimeError` on any backend but JAX.
+therefore raises a `RuntimeError` on any backend but JAX. Data parallelism
+needs no layout map: on those backends it runs on their own engines
+(DistributedDataParallel, tf.distribute.MirroredStrategy), as the guide
+docs/guides/scaling-out.md shows and tests/test_data_parallel.py checks.
 
 This module imports keras only (no backend, no NumPy arrays).
 """
@@ -75,7 +78,9 @@ def _check_backend():
             f"{keras.__version__} implements keras.distribution (DeviceMesh, LayoutMap, "
             "DataParallel, ModelParallel) on JAX only. On torch and numpy it has no "
             "implementation, and on tensorflow it is an unfinished prototype that "
-            "ignores layouts (nothing would be sharded). Set KERAS_BACKEND=jax. "
+            "ignores layouts (nothing would be sharded). Set KERAS_BACKEND=jax. Data "
+            "parallelism needs no layout map: on torch use DistributedDataParallel, on "
+            "tensorflow tf.distribute.MirroredStrategy (docs/guides/scaling-out.md). "
             f"Received: backend={backend!r}"
         )
 

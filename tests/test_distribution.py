@@ -345,8 +345,8 @@ def test_demo_trains_under_model_parallel(tmp_path, capsys):
 
 
 @pytest.mark.skipif(BACKEND == "jax", reason="checks the error on the other backends")
-def test_demo_distribute_needs_jax(tmp_path, capsys):
+def test_demo_distribute_model_needs_jax(tmp_path, capsys):
     from keras_attn.cli import main
 
-    assert main(["demo", *TINY_DEMO, "--distribute", "data", "--output", str(tmp_path)]) == 2
-    assert "--distribute needs the JAX backend" in capsys.readouterr().err
+    assert main(["demo", *TINY_DEMO, "--distribute", "model", "--output", str(tmp_path)]) == 2
+    assert "--distribute model needs the JAX backend" in capsys.readouterr().err

@@ -16,7 +16,10 @@ Requirements (comma-separated, all must hold):
 - `devices=N`: `keras.distribution.list_devices()` has at least N devices (JAX only:
   Keras implements `keras.distribution` on no other backend);
 - `trainable-backend`: the backend can train (not numpy);
-- `module=NAME`: the module is importable (torch, transformers, ...).
+- `module=NAME`: the module is importable (torch, transformers, ...);
+- `own-process`: not a requirement but how the block runs: as a script of its own in a
+  fresh Python process (`__name__ == "__main__"`, no shared namespace), for a block that
+  must configure a backend before it starts or that spawns processes.
 
 An unknown requirement fails the block instead of skipping it, so that a typo cannot hide
 a block. A block skipped here leaves the file's later blocks to declare what they need
@@ -108,6 +111,8 @@ def unmet(directives):
             elif name == "module" and arg:
                 if importlib.util.find_spec(arg) is None:
                     reasons.append(f"requires module={arg} (not installed)")
+            elif name == "own-process" and not arg:
+                pass
             else:
                 raise ValueError(f"unknown requirement {requirement!r} in `<!-- requires: {value} -->`")
     return "; ".join(reasons) or None
@@ -149,6 +154,26 @@ def _run(path, line, code):
     exec(compile(source, f"{path.relative_to(ROOT)}:{line}", "exec"), _FILES[path].namespace)
 
 
+def _own_process(directives):
+    return any(r.strip() == "own-process" for kind, value in directives if kind == "requires"
+               for r in value.split(","))
+
+
+def _run_in_own_process(path, line, code, tmp_path):
+    """Run the block as a script in a fresh interpreter; fail with its output."""
+    import subprocess
+    import sys
+
+    script = tmp_path / f"{path.stem}_{line}.py"
+    script.write_text("\n" * line + code)  # line numbers are the Markdown file's
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (f"{path.relative_to(ROOT)}:{line} exited "
+                                    f"{result.returncode}:\n{result.stdout[-3000:]}"
+                                    f"{result.stderr[-3000:]}")
+
+
 def _block_id(path, line, directives):
     """`docs/x.md:12`, plus `+devices` etc. for what it requires (`-k devices` selects those)."""
     names = [r.split("=")[0].strip() for kind, value in directives if kind == "requires"
@@ -159,16 +184,20 @@ def _block_id(path, line, directives):
 @pytest.mark.parametrize(
     ("path", "line", "code", "directives"), BLOCKS,
     ids=[_block_id(p, line, directives) for p, line, _, directives in BLOCKS])
-def test_block_runs(path, line, code, directives):
+def test_block_runs(path, line, code, directives, tmp_path):
     reason = unmet(directives)
     if reason:
         pytest.skip(reason)
+    if _own_process(directives):
+        _run_in_own_process(path, line, code, tmp_path)
+        return
     state = _FILES.setdefault(path, _File())
     # Run the file's earlier blocks first (in order) if this test runs alone (-k, a rerun).
     for earlier_line, earlier_code, earlier_directives in python_blocks(path):
         if earlier_line >= line:
             break
-        if earlier_line in state.done or unmet(earlier_directives):
+        if (earlier_line in state.done or unmet(earlier_directives)
+                or _own_process(earlier_directives)):
             continue
         if earlier_line in state.failed:
             pytest.fail(f"the block at line {earlier_line} of this file failed: "

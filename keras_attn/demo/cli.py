@@ -80,9 +80,12 @@ def add_arguments(parser):
     parser.add_argument("--examples", type=int, default=5,
                         help="held-out examples to print (default: 5)")
     parser.add_argument("--distribute", choices=("data", "model"), default=None,
-                        help="train under keras.distribution on every device JAX sees: "
-                             "'data' (DataParallel) or 'model' (ModelParallel with "
-                             "keras_attn.distribution.get_layout_map); JAX backend only")
+                        help="'data': data-parallel training with the backend's own engine "
+                             "(JAX: keras.distribution.DataParallel over every device; "
+                             "TensorFlow: MirroredStrategy over every GPU, else 2 logical "
+                             "CPUs; PyTorch: DistributedDataParallel, a process per GPU, "
+                             "else 2 on CPU). 'model': ModelParallel with "
+                             "keras_attn.distribution.get_layout_map, JAX only")
 
 
 def _distribution(kind, batch_size):
@@ -150,15 +153,31 @@ def run(args):
     info = _device.describe()
     print(f"backend: {info['backend']} {info['backend_version']} (keras {info['keras']}), "
           f"device: {info['device']}")
-    if args.distribute and info["backend"] != "jax":
-        return _fail(f"--distribute needs the JAX backend: Keras implements "
-                     f"keras.distribution on JAX only (this is {info['backend']}); "
-                     "set KERAS_BACKEND=jax")
+    if args.distribute == "model" and info["backend"] != "jax":
+        return _fail(f"--distribute model needs the JAX backend: Keras implements "
+                     f"layouts (keras.distribution) on JAX only (this is "
+                     f"{info['backend']}); set KERAS_BACKEND=jax, or use --distribute data")
     if info["backend"] == "numpy":
         return _fail("the numpy backend cannot train; set KERAS_BACKEND to jax, torch "
                      "or tensorflow")
+    if args.distribute and args.task == "add":
+        return _fail("--distribute is for the sequence tasks, not --task add")
     distribution = None
-    if args.distribute:
+    if args.distribute and info["backend"] == "tensorflow":
+        from keras_attn.demo.distribute import mirrored_strategy
+
+        # Before anything starts TensorFlow's runtime: it may split the CPU.
+        distribution, description = mirrored_strategy()
+        if args.batch_size % distribution.num_replicas_in_sync:
+            return _fail(f"--batch-size {args.batch_size} must be divisible by the "
+                         f"{distribution.num_replicas_in_sync} replicas")
+        print(f"distribution: {description}")
+    elif args.distribute and info["backend"] == "torch":
+        from keras_attn.demo.distribute import torch_processes
+
+        print(f"distribution: DistributedDataParallel over {torch_processes()} "
+              "process(es)")
+    elif args.distribute:
         try:
             distribution, description = _distribution(args.distribute, args.batch_size)
         except ValueError as error:
@@ -166,8 +185,6 @@ def run(args):
         print(f"distribution: {description}")
     _device.single_cpu_thread_for_small_ops()
     if args.task == "add":
-        if args.distribute:
-            return _fail("--distribute is for the sequence tasks, not --task add")
         return run_add(args, _fail)
     keras.utils.set_random_seed(args.seed)
     try:
@@ -182,14 +199,17 @@ def run(args):
     # Under a distribution, variables are laid out when they are created and
     # the batches of `fit` are split across the mesh's batch axis.
     scope = distribution.scope if distribution is not None else contextlib.nullcontext
+    build_kwargs = dict(vocab_size=VOCAB_SIZE, source_length=args.max_length,
+                        target_length=target_length, model_dim=args.model_dim,
+                        intermediate_dim=2 * args.model_dim, num_heads=4,
+                        num_layers=args.num_layers, name=f"{args.task}_transformer")
     with scope():
-        model = build_model(VOCAB_SIZE, args.max_length, target_length,
-                            model_dim=args.model_dim, intermediate_dim=2 * args.model_dim,
-                            num_heads=4, num_layers=args.num_layers,
-                            name=f"{args.task}_transformer")
+        model = build_model(**build_kwargs)
     steps = args.epochs * -(-len(train[0]) // args.batch_size)
-    with scope():
-        compile_for_training(model, steps, args.learning_rate)
+    torch_ddp = bool(args.distribute) and info["backend"] == "torch"
+    if not torch_ddp:  # DDP trains with a torch optimizer, in processes of its own
+        with scope():
+            compile_for_training(model, steps, args.learning_rate)
     print(f"model: {args.num_layers} encoder + {args.num_layers} decoder layers, "
           f"width {args.model_dim}, 4 heads, {model.count_params():,} parameters")
 
@@ -197,11 +217,27 @@ def run(args):
     fit_start = time.perf_counter()
     # Weight 0 on padding, so the loss and the token accuracy count real tokens only.
     weights = (targets != 0).astype("float32")
-    with scope():
-        model.fit([sources, decoder_inputs], targets, sample_weight=weights,
-                  batch_size=args.batch_size,
-                  epochs=args.epochs, verbose=1)
+    if torch_ddp:
+        from keras_attn.demo.distribute import torch_data_parallel_fit
+
+        try:
+            torch_data_parallel_fit(model, build_kwargs, train, epochs=args.epochs,
+                                    batch_size=args.batch_size,
+                                    learning_rate=args.learning_rate, seed=args.seed)
+        except ValueError as error:
+            return _fail(str(error))
+    else:
+        with scope():
+            model.fit([sources, decoder_inputs], targets, sample_weight=weights,
+                      batch_size=args.batch_size,
+                      epochs=args.epochs, verbose=1)
     fit_seconds = time.perf_counter() - fit_start
+    if args.distribute and info["backend"] == "tensorflow":
+        # Decode on one device: Keras 3.15's predict_on_batch on a model made in a
+        # MirroredStrategy scope returns every replica's copy of the batch (2B rows).
+        trained = model
+        model = build_model(**build_kwargs)
+        model.set_weights(trained.get_weights())
 
     test_sources, _, test_targets = test
     predicted = greedy_decode(model, test_sources, target_length)
