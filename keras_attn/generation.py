@@ -146,6 +146,12 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
     with generation_slots(max_length - 1, max_length):
         tokens = _generate(next_token_fn, prompt, max_length, cache, stops, end_token_id,
                            temperature, top_k, seed)
+    check_generated(tokens, max_length)
+    return tokens
+
+
+def check_generated(tokens, max_length):
+    """Raise if `generate`'s `tokens` hold a -1 (non-finite logits); nothing while traced."""
     bad = concrete_value(ops.any(ops.less(tokens, 0)))
     if bad is not None and bool(bad):
         raise ValueError(
@@ -154,7 +160,6 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             "compiled step gives NaN (see `keras_attn.MultiHeadAttention`'s "
             f"`cache_update_index`); caches need max_length - 1 = {max_length - 1} slots. "
             f"Received: max_length={max_length}")
-    return tokens
 
 
 def _generate(next_token_fn, prompt, max_length, cache, stops, end_token_id, temperature,

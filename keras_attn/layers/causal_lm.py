@@ -1,12 +1,16 @@
 """`CausalLM`: a decoder-only language model built from `TransformerDecoderLayer` blocks."""
 
+import numbers
+import weakref
 from collections.abc import Sequence
 
 import keras
+import numpy as np
 from keras import ops
 
-from keras_attn._validation import check_positive_float, check_positive_int
+from keras_attn._validation import check_positive_float, check_positive_int, concrete_value
 from keras_attn.cache import empty_cache
+from keras_attn.generation import _check_temperature, _stop_token_ids, check_generated
 from keras_attn.generation import generate as generate_tokens
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
 
@@ -24,6 +28,42 @@ def _check_token_ids(name, token_ids):
             f"`{name}` must be integer token ids of shape (B, T). Received: "
             f"{name}.shape={shape}, {name}.dtype={dtype}")
     return token_ids
+
+
+class _GenerateLoop(keras.Model):
+    """`CausalLM.generate` as a Keras model, so that Keras compiles it.
+
+    `predict_on_batch(prompt_ids)` runs the prefill and the whole decoding
+    loop inside Keras's predict function: `jax.jit` with the weights as state
+    on JAX, `tf.function` (with XLA when `jit_compile`) on TensorFlow,
+    `torch.compile` with `jit_compile=True` on PyTorch. That function is kept,
+    so a second `generate` of the same shape compiles nothing (without it,
+    JAX traced and compiled the loop at every call: 1.9 s for 16 tokens of a
+    2-layer model, against 5 ms for keras-hub's cached function).
+    """
+
+    def __init__(self, lm, max_length, options, jit_compile):
+        super().__init__(name=f"{lm.name}_generate")
+        self.lm, self.max_length, self.options = lm, max_length, options
+        self.jit_compile = jit_compile
+        self.traces = 0  # how often `call` ran: once per compilation, at every eager call
+        self.built = True  # the weights are the (built) lm's
+
+    def call(self, prompt_ids):
+        self.traces += 1
+        batch = prompt_ids.shape[0]
+        caches = [empty_cache(block, batch, self.max_length) for block in self.lm.blocks]
+        return generate_tokens(self.lm.next_token_logits, prompt_ids, self.max_length, caches,
+                               **self.options)
+
+
+# lm -> {settings: _GenerateLoop}; outside the model, so Keras neither tracks nor saves it.
+_LOOPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _default_jit_compile():
+    """XLA on JAX and TensorFlow; eager PyTorch (torch.compile costs minutes on CPU)."""
+    return keras.backend.backend() in ("jax", "tensorflow")
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -190,13 +230,30 @@ class CausalLM(keras.Model):
         return self._logits(x), new_caches
 
     def generate(self, prompt_ids, max_length: int, *, end_token_id=None,
-                 temperature: float = 0.0, top_k: int | None = None, seed=None):
+                 temperature: float = 0.0, top_k: int | None = None, seed=None,
+                 jit_compile="auto"):
         """Extend `prompt_ids` `(B, P)` to `(B, L)` tokens, greedy by default.
 
         A prefill over the prompt, then one cached step per token inside
         `keras.ops.while_loop` (`keras_attn.generation.generate`, which
         documents `end_token_id`, `temperature`, `top_k` and `seed`), over
         one key/value cache of L slots per block.
+
+        Compilation: with a concrete prompt (arrays, eager tensors), the
+        prefill and the loop run as one function that Keras compiles and
+        keeps per prompt shape and settings, so repeated calls compile once
+        (like keras-hub's `generate`). `jit_compile="auto"` means XLA on
+        JAX and on TensorFlow (also on CPU, unlike `model.compile`'s "auto":
+        a TensorFlow decode step measured 1.34 ms with XLA against 4.54 ms
+        with a plain `tf.function`), and eager PyTorch. `True` on PyTorch
+        uses `torch.compile`; `False` means no XLA: a plain `tf.function`
+        on TensorFlow, the loop run eagerly on JAX and PyTorch. A
+        traced prompt (inside the caller's `jax.jit` or `tf.function`), or
+        sampling with a `keras.random.SeedGenerator` or without a seed,
+        runs the loop as it is, in the caller's context. An int `seed`
+        samples the same tokens at every call; on TensorFlow, which ones
+        depends on XLA (its stateless random kernels differ with and
+        without it).
 
         Args:
             prompt_ids: int `(B, P)`, every row P real tokens.
@@ -206,6 +263,7 @@ class CausalLM(keras.Model):
                 temperature.
             top_k: with sampling, only among the k most likely tokens.
             seed: an int or `keras.random.SeedGenerator`, for sampling.
+            jit_compile: "auto", True or False, as described above.
 
         Returns:
             int32 `(B, L)`: the prompt, then the generated tokens.
@@ -220,10 +278,31 @@ class CausalLM(keras.Model):
         if batch is None:
             raise ValueError("`prompt_ids` needs a static batch size. "
                              f"Received: prompt_ids.shape={tuple(prompt_ids.shape)}")
-        caches = [empty_cache(block, batch, max_length) for block in self.blocks]
-        return generate_tokens(self.next_token_logits, prompt_ids, max_length, caches,
-                               end_token_id=end_token_id, temperature=temperature,
-                               top_k=top_k, seed=seed)
+        if jit_compile not in ("auto", True, False):
+            raise ValueError(f"`jit_compile` must be 'auto', True or False. Received: "
+                             f"jit_compile={jit_compile!r}")
+        jit_compile = _default_jit_compile() if jit_compile == "auto" else jit_compile
+        sampling = _check_temperature(temperature) > 0
+        prompt = concrete_value(prompt_ids)
+        if (keras.backend.backend() == "numpy" or prompt is None
+                or (sampling and not isinstance(seed, numbers.Integral))
+                or (not jit_compile and keras.backend.backend() != "tensorflow")):
+            caches = [empty_cache(block, batch, max_length) for block in self.blocks]
+            return generate_tokens(self.next_token_logits, prompt_ids, max_length, caches,
+                                   end_token_id=end_token_id, temperature=temperature,
+                                   top_k=top_k, seed=seed)
+        stops = _stop_token_ids(end_token_id)  # checked here, before anything compiles
+        top_k = check_positive_int("top_k", top_k, allow_none=True)
+        options = {"end_token_id": list(stops) or None, "temperature": float(temperature),
+                   "top_k": top_k, "seed": int(seed) if sampling else None}
+        key = (max_length, stops, options["temperature"], top_k, options["seed"],
+               bool(jit_compile))
+        loops = _LOOPS.setdefault(self, {})
+        if key not in loops:
+            loops[key] = _GenerateLoop(self, max_length, options, bool(jit_compile))
+        tokens = np.asarray(loops[key].predict_on_batch(np.asarray(prompt, "int32")))
+        check_generated(tokens, max_length)  # non-finite logits, once the values are known
+        return ops.convert_to_tensor(tokens, "int32")
 
     def get_config(self):
         config = super().get_config()

@@ -1,0 +1,306 @@
+"""Benchmark: a converted Llama against Hugging Face transformers and keras-hub.
+
+    python -m benchmarks.models                         # every backend, default sizes
+    python -m benchmarks.models --backend torch --quick
+    python -m benchmarks.models --json models.json
+
+Model: a Llama (vocabulary 4096, D=512, 4 layers, 8 query over 2 key/value heads,
+SwiGLU 1408, float32) with random weights. The driver builds it once with
+transformers (seeded, nothing downloaded) and saves it as a safetensors checkpoint
+in a temporary folder; every contender loads that same checkpoint:
+
+- **keras_attn**: `keras_attn.convert.causal_lm_from_transformers(config, state_dict)`,
+  the state dict read with `safetensors.numpy` (no pickle);
+- **keras-hub**: `keras_hub.models.LlamaBackbone.from_preset(folder)` (keras-hub's
+  own transformers loader) in a `LlamaCausalLM` with a greedy sampler;
+- **HF** (PyTorch only): `LlamaForCausalLM.from_pretrained(folder)` with SDPA
+  attention (dynamic cache), with eager attention, and with a static cache.
+
+Equivalence first: each worker compares the prompt's logits with the driver's HF
+logits (max |diff| / max |HF|) and the greedy tokens with HF's; a contender that
+disagrees is reported as such and not timed.
+
+Figures (B=1, prompt P=512, N=128 new greedy tokens; train at B=4, T=512):
+- prefill: one forward over the prompt (`predict_on_batch` for the Keras models,
+  `torch.no_grad()` forward for HF);
+- generate: the whole `generate` of N tokens after the P-token prompt;
+- decode per token: (generate - prefill) / N;
+- train step: `train_on_batch` (SGD, sparse cross-entropy from logits) for the Keras
+  models, the same step as a torch loop for HF;
+- peak RSS of the worker process (every contender of a backend lives in it).
+Each backend runs in a fresh process that builds every contender, warms each up
+(JAX and TensorFlow compile there), then times them in turn, round after round;
+medians over rounds. Execution is each library's default: keras_attn's `generate`
+compiles its loop on JAX only; keras-hub's `generate` compiles on JAX and with
+`tf.function` on TensorFlow; PyTorch runs eagerly everywhere.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from benchmarks import _common as common
+
+DEFAULTS = {"vocab": 4096, "dim": 512, "layers": 4, "heads": 8, "kv_heads": 2,
+            "ffn": 1408, "prompt": 512, "new": 128, "train_batch": 4, "rounds": 5}
+QUICK = {"vocab": 512, "dim": 128, "layers": 2, "heads": 4, "kv_heads": 2,
+         "ffn": 256, "prompt": 64, "new": 16, "train_batch": 2, "rounds": 2}
+LOGITS_TOLERANCE = 1e-4  # max |diff| / max |HF logits| in float32
+
+
+# ----------------------------------------------------------------------------
+# The checkpoint (driver side).
+
+
+def make_checkpoint(spec, folder):
+    """Save a seeded random `LlamaForCausalLM` to `folder`, and its reference outputs."""
+    import numpy as np
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=spec["vocab"], hidden_size=spec["dim"],
+                         intermediate_size=spec["ffn"], num_hidden_layers=spec["layers"],
+                         num_attention_heads=spec["heads"],
+                         num_key_value_heads=spec["kv_heads"],
+                         max_position_embeddings=spec["prompt"] + spec["new"],
+                         tie_word_embeddings=False, attn_implementation="sdpa")
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # far from identity: std 0.02 init is too gentle for a check
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.normal_(0.0, 0.05)
+    model.save_pretrained(folder, safe_serialization=True)
+    prompt = np.random.default_rng(0).integers(1, spec["vocab"], (1, spec["prompt"]))
+    with torch.no_grad():
+        ids = torch.as_tensor(prompt)
+        logits = model(ids).logits.numpy()
+        tokens = model.generate(ids, max_new_tokens=spec["new"], min_new_tokens=spec["new"],
+                                do_sample=False, pad_token_id=0).numpy()
+    np.savez(os.path.join(folder, "reference.npz"), prompt=prompt, logits=logits,
+             tokens=tokens)
+
+
+# ----------------------------------------------------------------------------
+# Contenders (worker side). Each is a dict of callables: logits(prompt) -> numpy,
+# generate(prompt) -> numpy tokens (B, P + N), prefill(), generate_run(), train().
+
+
+def _keras_contender(model, logits, generate, train_inputs, train_targets, **compile_extra):
+    import keras
+    import numpy as np
+
+    model.compile(optimizer=keras.optimizers.SGD(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  **compile_extra)
+    return {"logits": lambda prompt: np.asarray(logits(prompt), "float32"),
+            "generate": lambda prompt: np.asarray(generate(prompt)),
+            "train": lambda: model.train_on_batch(train_inputs, train_targets)}
+
+
+def _ours(folder, spec):
+    from safetensors.numpy import load_file
+
+    from keras_attn.convert import causal_lm_from_transformers
+
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    state = load_file(os.path.join(folder, "model.safetensors"))
+    lm = causal_lm_from_transformers(config, state)
+    length = spec["prompt"] + spec["new"]
+    ids, targets = _train_batch(spec)
+    return _keras_contender(
+        lm, lambda prompt: lm.predict_on_batch(prompt.astype("int32")),
+        lambda prompt: lm.generate(prompt.astype("int32"), max_length=length),
+        ids, targets)
+
+
+def _hub(folder, spec):
+    import numpy as np
+    from keras_hub.models import LlamaBackbone, LlamaCausalLM
+
+    backbone = LlamaBackbone.from_preset(folder)
+    lm = LlamaCausalLM(backbone=backbone, preprocessor=None)
+    length = spec["prompt"] + spec["new"]
+    ids, targets = _train_batch(spec)
+
+    def padded(prompt):
+        tokens = np.zeros((len(prompt), length), "int32")
+        tokens[:, :prompt.shape[1]] = prompt
+        return {"token_ids": tokens, "padding_mask": tokens != 0}
+
+    def logits(prompt):
+        return lm.predict_on_batch({"token_ids": prompt.astype("int32"),
+                                    "padding_mask": np.ones(prompt.shape, bool)})
+
+    return _keras_contender(
+        lm, logits, lambda prompt: lm.generate(padded(prompt), stop_token_ids=None)["token_ids"],
+        {"token_ids": ids, "padding_mask": np.ones(ids.shape, bool)}, targets,
+        sampler="greedy")
+
+
+def _hf(folder, spec, attention="sdpa", cache=None):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(folder, attn_implementation=attention).eval()
+    ids, targets = (torch.as_tensor(a, dtype=torch.long) for a in _train_batch(spec))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    extra = {"cache_implementation": cache} if cache else {}
+
+    def logits(prompt):
+        with torch.no_grad():
+            return model(torch.as_tensor(prompt)).logits.numpy()
+
+    def generate(prompt):
+        with torch.no_grad():
+            return model.generate(torch.as_tensor(prompt), max_new_tokens=spec["new"],
+                                  min_new_tokens=spec["new"], do_sample=False,
+                                  pad_token_id=0, **extra).numpy()
+
+    def train():
+        loss = torch.nn.functional.cross_entropy(model(ids).logits.reshape(-1, spec["vocab"]),
+                                                 targets.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        model.zero_grad(set_to_none=True)
+
+    return {"logits": logits, "generate": generate, "train": train}
+
+
+def _train_batch(spec):
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    ids = rng.integers(1, spec["vocab"], (spec["train_batch"], spec["prompt"])).astype("int32")
+    return ids, np.roll(ids, -1, axis=-1)
+
+
+def worker(spec):
+    import numpy as np
+
+    from keras_attn import _device
+
+    _device.single_cpu_thread_for_small_ops()
+    folder, backend = spec["folder"], spec["backend"]
+    reference = np.load(os.path.join(folder, "reference.npz"))
+    prompt = reference["prompt"]
+    builders = {"keras_attn": _ours}
+    try:
+        import keras_hub  # noqa: F401
+
+        builders["keras_hub"] = _hub
+    except ImportError as error:
+        notes = {"keras_hub": f"not installed ({error})"}
+    else:
+        notes = {}
+    if backend == "torch":
+        builders.update({
+            "hf_sdpa": _hf,
+            "hf_eager": lambda *a: _hf(*a, attention="eager"),
+            "hf_static": lambda *a: _hf(*a, cache="static")})
+    contenders, checks = {}, {}
+    for name, build in builders.items():
+        print(f"[models] {backend}: building and checking {name}", file=sys.stderr, flush=True)
+        contender = build(folder, spec)
+        logits = contender["logits"](prompt)
+        scale = float(np.max(np.abs(reference["logits"])))
+        error = float(np.max(np.abs(logits - reference["logits"]))) / scale
+        tokens = contender["generate"](prompt)  # also the warm-up (compiles on JAX, TF)
+        same = bool(np.array_equal(tokens, reference["tokens"]))
+        checks[name] = {"logits_rel_error": error, "tokens_equal": same}
+        if error <= LOGITS_TOLERANCE and same:
+            contender["train"]()  # warm-up
+            contenders[name] = contender
+        else:
+            notes[name] = f"not equivalent: logits {error:.1e}, tokens equal {same}"
+    runs = {}
+    for name, c in contenders.items():
+        runs[f"{name}/prefill"] = lambda c=c: c["logits"](prompt)
+        runs[f"{name}/generate"] = lambda c=c: c["generate"](prompt)
+        runs[f"{name}/train"] = c["train"]
+    print(f"[models] {backend}: timing {len(contenders)} contenders, {spec['rounds']} rounds",
+          file=sys.stderr, flush=True)
+    times = common.medians(common.interleaved(runs, spec["rounds"]))
+    result = {"checks": checks, "notes": notes, "info": _device.describe(),
+              "peak_rss_gib": common.peak_rss_gib(), "ms": {}}
+    for name in contenders:
+        prefill, generate = times[f"{name}/prefill"], times[f"{name}/generate"]
+        result["ms"][name] = {"prefill": prefill * 1e3, "generate": generate * 1e3,
+                              "decode": (generate - prefill) / spec["new"] * 1e3,
+                              "train": times[f"{name}/train"] * 1e3}
+    return result
+
+
+# ----------------------------------------------------------------------------
+# Driver side.
+
+
+FIGURES = ("prefill", "decode", "generate", "train")
+
+
+def table(results, spec):
+    lines = [f"Llama: vocabulary {spec['vocab']}, D={spec['dim']}, {spec['layers']} layers, "
+             f"H={spec['heads']}/{spec['kv_heads']}, FFN {spec['ffn']}, float32; B=1, prompt "
+             f"{spec['prompt']}, {spec['new']} greedy tokens; train B={spec['train_batch']}; "
+             f"ms, medians of {spec['rounds']} interleaved rounds", "",
+             "| backend | contender | logits rel. error | tokens | prefill | decode / token "
+             "| generate | train step | keras_attn / it (prefill, decode, train) |",
+             "|---|---|---:|---|---:|---:|---:|---:|---|"]
+    for backend, r in results.items():
+        if "error" in r:
+            lines.append(f"| {backend} | error: {r['error']} | | | | | | | |")
+            continue
+        ours = r["ms"].get("keras_attn")
+        for name, check in r["checks"].items():
+            ms = r["ms"].get(name)
+            cells = ([f"{ms[k]:.1f}" if k != "decode" else f"{ms[k]:.2f}" for k in FIGURES]
+                     if ms else [r["notes"].get(name, "not timed")] + [""] * 3)
+            ratio = ("" if not (ms and ours and name != "keras_attn") else
+                     ", ".join(f"{ours[k] / ms[k]:.2f}" for k in ("prefill", "decode", "train")))
+            lines.append(f"| {backend} | {name} | {check['logits_rel_error']:.1e} | "
+                         f"{'same' if check['tokens_equal'] else 'DIFFER'} | "
+                         + " | ".join(cells) + f" | {ratio} |")
+        for name, note in r["notes"].items():
+            if name not in r["checks"]:
+                lines.append(f"| {backend} | {name} | | | {note} | | | | |")
+        lines.append(f"| {backend} | (worker peak RSS {r['peak_rss_gib']:.2f} GiB) "
+                     "| | | | | | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common.add_options(parser, backend="list", quick="small smoke sizes",
+                       rounds=("--rounds", None, "timing rounds (default 5)"),
+                       timeout=("--timeout", 1800, "seconds per backend"),
+                       json_help="write the results here")
+    args = parser.parse_args(argv)
+    if args.worker:
+        return common.worker_main(worker, args.worker)
+    spec = dict(QUICK if args.quick else DEFAULTS)
+    if args.rounds:
+        spec["rounds"] = args.rounds
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        print("[models] building the transformers checkpoint ...", file=sys.stderr, flush=True)
+        make_checkpoint(spec, folder)
+        for backend in common.backends(args):
+            print(f"[models] {backend} ...", file=sys.stderr, flush=True)
+            results[backend] = common.spawn("benchmarks.models",
+                                            {**spec, "backend": backend, "folder": folder},
+                                            args.timeout)
+            print(table({backend: results[backend]}, spec), flush=True)
+    print()
+    print(f"{common.machine()}\n")
+    print(table(results, spec))
+    if args.json:
+        common.write_json(args.json, {"spec": spec, "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
