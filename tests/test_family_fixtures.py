@@ -110,8 +110,10 @@ def test_generate_compiles_once_and_matches_the_eager_loop():
     settings = [{}, {"temperature": 1.0, "top_k": 5, "seed": 3, "end_token_id": [1, 2]}]
     for kwargs in settings:
         first = keras.ops.convert_to_numpy(lm.generate(prompt, max_length=L, **kwargs))
+        kept = set(map(id, _LOOPS.get(lm, {}).values()))
         again = keras.ops.convert_to_numpy(lm.generate(np.asarray(prompt), max_length=L,
                                                        **kwargs))
+        assert set(map(id, _LOOPS.get(lm, {}).values())) == kept  # the same loop again
         plain = keras.ops.convert_to_numpy(lm.generate(prompt, max_length=L,
                                                        jit_compile=False, **kwargs))
         np.testing.assert_array_equal(first, again)
@@ -126,7 +128,10 @@ def test_generate_compiles_once_and_matches_the_eager_loop():
     if keras.backend.backend() in ("jax", "tensorflow"):
         assert len(loops) == 2 and all(loop.traces == 1 for loop in loops), \
             [(loop.options, loop.traces) for loop in loops]
-    else:  # eager PyTorch by default, and NumPy: the loop runs as it is
-        assert loops == []
+    elif keras.backend.backend() == "torch":  # eager: the loop model runs at every call
+        eager = [loop for loop in _LOOPS[lm].values() if not loop.jit_compile]
+        assert loops == [] and len(eager) == 2 and all(loop.traces == 3 for loop in eager)
+    else:  # NumPy: the loop runs as it is, no model
+        assert lm not in _LOOPS
     with pytest.raises(ValueError, match="jit_compile"):
         lm.generate(prompt, max_length=L, jit_compile="xla")
