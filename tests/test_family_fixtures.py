@@ -95,14 +95,14 @@ def test_causal_lm_refuses_bad_inputs():
         CausalLM(10, 8, [])
 
 
-def test_generate_compiles_once_and_matches_the_eager_loop():
+def test_generate_compiles_once_and_matches_the_eager_loop(tmp_path):
     """The compiled loop (JAX, TensorFlow: XLA) is kept: a second call traces nothing.
 
     Greedy and sampled (int seed) tokens equal the loop run eagerly (`jit_compile=False`,
     on TensorFlow a plain tf.function), which the fixture test above checks against
     transformers' greedy tokens; except sampled tokens on TensorFlow (see below).
     """
-    from keras_attn.layers.causal_lm import _LOOPS
+    from keras_attn.layers.causal_lm import loops_of
 
     lm, stored = load("llama")
     P, L = int(stored["prompt_length"]), stored["tokens"].shape[1]
@@ -110,10 +110,10 @@ def test_generate_compiles_once_and_matches_the_eager_loop():
     settings = [{}, {"temperature": 1.0, "top_k": 5, "seed": 3, "end_token_id": [1, 2]}]
     for kwargs in settings:
         first = keras.ops.convert_to_numpy(lm.generate(prompt, max_length=L, **kwargs))
-        kept = set(map(id, _LOOPS.get(lm, {}).values()))
+        kept = set(map(id, loops_of(lm).values()))
         again = keras.ops.convert_to_numpy(lm.generate(np.asarray(prompt), max_length=L,
                                                        **kwargs))
-        assert set(map(id, _LOOPS.get(lm, {}).values())) == kept  # the same loop again
+        assert set(map(id, loops_of(lm).values())) == kept  # the same loop again
         plain = keras.ops.convert_to_numpy(lm.generate(prompt, max_length=L,
                                                        jit_compile=False, **kwargs))
         np.testing.assert_array_equal(first, again)
@@ -124,14 +124,21 @@ def test_generate_compiles_once_and_matches_the_eager_loop():
             continue
         np.testing.assert_array_equal(first, plain)
     np.testing.assert_array_equal(first[:, :P], prompt)
-    loops = [loop for loop in _LOOPS.get(lm, {}).values() if loop.jit_compile]
+    loops = [loop for loop in loops_of(lm).values() if loop.jit_compile]
     if keras.backend.backend() in ("jax", "tensorflow"):
         assert len(loops) == 2 and all(loop.traces == 1 for loop in loops), \
             [(loop.options, loop.traces) for loop in loops]
     elif keras.backend.backend() == "torch":  # eager: the loop model runs at every call
-        eager = [loop for loop in _LOOPS[lm].values() if not loop.jit_compile]
+        eager = [loop for loop in loops_of(lm).values() if not loop.jit_compile]
         assert loops == [] and len(eager) == 2 and all(loop.traces == 3 for loop in eager)
     else:  # NumPy: the loop runs as it is, no model
-        assert lm not in _LOOPS
+        assert loops_of(lm) == {}
     with pytest.raises(ValueError, match="jit_compile"):
         lm.generate(prompt, max_length=L, jit_compile="xla")
+    # The kept loops are not part of the model: a file saved now loads as before.
+    path = str(tmp_path / "llama.keras")
+    lm.save(path)
+    again = keras.saving.load_model(path)
+    assert [w.path for w in again.weights] == [w.path for w in lm.weights]
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(again(prompt)),
+                                  keras.ops.convert_to_numpy(lm(prompt)))

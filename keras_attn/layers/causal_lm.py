@@ -1,7 +1,6 @@
 """`CausalLM`: a decoder-only language model built from `TransformerDecoderLayer` blocks."""
 
 import numbers
-import weakref
 from collections.abc import Sequence
 
 import keras
@@ -58,8 +57,22 @@ class _GenerateLoop(keras.Model):
                                **self.options)
 
 
-# lm -> {settings: _GenerateLoop}; outside the model, so Keras neither tracks nor saves it.
-_LOOPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+class _Loops:
+    """A model's `{settings: _GenerateLoop}`, in a plain object: Keras's saving walks a
+    model's attributes and would save a dict or list of models in it (and a module-level
+    map would keep every model alive through its loop)."""
+
+    def __init__(self):
+        self.loops = {}
+
+
+def loops_of(lm):
+    """`lm`'s kept generate loops, `{settings: _GenerateLoop}`."""
+    holder = getattr(lm, "_generate_loops", None)
+    if holder is None:
+        holder = _Loops()
+        lm._generate_loops = holder
+    return holder.loops
 
 
 def _default_jit_compile():
@@ -300,7 +313,7 @@ class CausalLM(keras.Model):
                    "top_k": top_k, "seed": int(seed) if sampling else None}
         key = (max_length, stops, options["temperature"], top_k, options["seed"],
                bool(jit_compile))
-        loops = _LOOPS.setdefault(self, {})
+        loops = loops_of(self)
         if key not in loops:
             loops[key] = _GenerateLoop(self, max_length, options, bool(jit_compile))
         tokens = np.asarray(loops[key].predict_on_batch(np.asarray(prompt, "int32")))
