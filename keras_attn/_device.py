@@ -313,17 +313,6 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def _schedule(total_steps, learning_rate):
-    """The demo's Keras schedule (warm-up, cosine) as a function of the step."""
-    import keras
-
-    warmup = total_steps // 10
-    schedule = keras.optimizers.schedules.CosineDecay(
-        0.0, decay_steps=max(1, total_steps - warmup), alpha=0.02,
-        warmup_target=learning_rate, warmup_steps=warmup)
-    return lambda step: float(keras.ops.convert_to_numpy(schedule(step)))
-
-
 def _ddp_worker(rank, world_size, port, build_model, build_kwargs, arrays, settings,
                 weights_path):
     """One DDP process: train on this rank's rows of every global batch."""
@@ -346,8 +335,9 @@ def _ddp_worker(rank, world_size, port, build_model, build_kwargs, arrays, setti
         ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[rank] if cuda else None)
         optimizer = torch.optim.Adam(ddp.parameters(), lr=1.0)
-        learning_rate = _schedule(settings["total_steps"], settings["learning_rate"])
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate)
+        schedule = settings["schedule"]  # a Keras schedule, evaluated per step
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: float(keras.ops.convert_to_numpy(schedule(step))))
         loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0)  # 0 is padding
         sources, decoder_inputs, targets = arrays
         batch = settings["batch_size"]
@@ -377,7 +367,7 @@ def _ddp_worker(rank, world_size, port, build_model, build_kwargs, arrays, setti
 
 
 def torch_data_parallel_fit(model, build_model, build_kwargs, train, *, epochs, batch_size,
-                            learning_rate, seed):
+                            schedule, seed):
     """Train `model` (made by `build_model(**build_kwargs)`) with DDP; returns seconds.
 
     Starts `torch_processes()` processes that build the same model (so
@@ -385,6 +375,8 @@ def torch_data_parallel_fit(model, build_model, build_kwargs, train, *, epochs, 
     name), train it on their shares of each global batch of `batch_size`
     (inputs `(sources, decoder_inputs)`, targets with 0 as padding), and hand
     the trained weights back to `model` through a `.weights.h5` file.
+    `schedule` is the Keras learning-rate schedule (pickled to each process)
+    that a `torch.optim.Adam` follows step by step.
     """
     import torch.multiprocessing as mp
 
@@ -394,8 +386,7 @@ def torch_data_parallel_fit(model, build_model, build_kwargs, train, *, epochs, 
                          "DDP processes")
     sources, decoder_inputs, targets = train
     settings = {"seed": seed, "epochs": epochs, "batch_size": batch_size,
-                "learning_rate": learning_rate,
-                "total_steps": epochs * -(-len(sources) // batch_size)}
+                "schedule": schedule}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         weights_path = os.path.join(folder, "ddp.weights.h5")

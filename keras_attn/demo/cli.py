@@ -147,7 +147,7 @@ def run(args):
     from keras_attn import _device
     from keras_attn.demo.data import VOCAB_SIZE, decode_tokens, make_split
     from keras_attn.demo.decode import cached_decode, exact_match, greedy_decode
-    from keras_attn.demo.model import build_model, compile_for_training
+    from keras_attn.demo.model import build_model, compile_for_training, learning_rate_schedule
 
     start = time.perf_counter()
     info = _device.describe()
@@ -223,7 +223,8 @@ def run(args):
         try:
             torch_data_parallel_fit(model, build_model, build_kwargs, train, epochs=args.epochs,
                                     batch_size=args.batch_size,
-                                    learning_rate=args.learning_rate, seed=args.seed)
+                                    schedule=learning_rate_schedule(steps, args.learning_rate),
+                                    seed=args.seed)
         except ValueError as error:
             return _fail(str(error))
     else:

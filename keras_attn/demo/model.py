@@ -5,7 +5,8 @@ from keras import ops
 
 import keras_attn
 
-__all__ = ["TokenAndPositionEmbedding", "attention_scores", "build_model", "compile_for_training"]
+__all__ = ["TokenAndPositionEmbedding", "attention_scores", "build_model", "compile_for_training",
+           "learning_rate_schedule"]
 
 
 @keras.saving.register_keras_serializable(package="keras_attn_demo")
@@ -107,6 +108,14 @@ def build_model(vocab_size, source_length, target_length, model_dim=64, num_head
     return keras.Model([sources, decoder_inputs], logits, name=name)
 
 
+def learning_rate_schedule(total_steps, learning_rate=3e-3):
+    """Linear warm-up over 10% of `total_steps` to `learning_rate`, then cosine decay."""
+    warmup = total_steps // 10
+    return keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=max(1, total_steps - warmup), alpha=0.02,
+        warmup_target=learning_rate, warmup_steps=warmup)
+
+
 def compile_for_training(model, total_steps, learning_rate=3e-3):
     """Adam with linear warm-up then cosine decay; padding-blind loss and accuracy.
 
@@ -118,12 +127,8 @@ def compile_for_training(model, total_steps, learning_rate=3e-3):
         total_steps: optimizer steps the training will take.
         learning_rate: peak learning rate, reached after 10% of the steps.
     """
-    warmup = total_steps // 10
-    schedule = keras.optimizers.schedules.CosineDecay(
-        0.0, decay_steps=max(1, total_steps - warmup), alpha=0.02,
-        warmup_target=learning_rate, warmup_steps=warmup)
     model.compile(
-        optimizer=keras.optimizers.Adam(schedule),
+        optimizer=keras.optimizers.Adam(learning_rate_schedule(total_steps, learning_rate)),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="token_accuracy")],
     )
