@@ -119,8 +119,10 @@ def test_generate_compiles_once_and_matches_the_eager_loop(tmp_path):
         np.testing.assert_array_equal(first, again)
         if kwargs and keras.backend.backend() == "tensorflow":
             # TensorFlow's stateless random kernels differ with and without XLA (its
-            # documented behaviour): the same seed samples other tokens. Both are seeded.
-            assert not np.array_equal(first, plain)
+            # documented behaviour): the same seed may sample other tokens. Both are seeded;
+            # the plain loop's result is still a generation of the same prompt.
+            assert plain.shape == first.shape
+            np.testing.assert_array_equal(plain[:, :P], prompt)
             continue
         np.testing.assert_array_equal(first, plain)
     np.testing.assert_array_equal(first[:, :P], prompt)
