@@ -14,13 +14,18 @@ variable to set), then hands over to `keras_attn.cli`.
 It also sets `TF_CPP_MIN_LOG_LEVEL=3` when it is unset, before anything imports
 Keras and for every process it starts, which hides TensorFlow's C++ start-up
 logs (CPU feature notices, and the error-level "failed call to cuInit" of a
-CUDA build on a machine without a GPU); Python errors are unaffected.
+CUDA build on a machine without a GPU); Python errors are unaffected. Some
+logs ignore that variable: Abseil writes whatever is logged before
+`absl::InitializeLog()` to stderr (TensorFlow 2.21's "oneDNN custom operations
+are on" on CPUs where oneDNN is on; abseil/abseil-cpp#1957), so while it
+imports Keras this module also drops Abseil-format lines from stderr.
 
 `python -m keras_attn_cli` is the same command. `python -m keras_attn` is too,
 but it imports the package first, so it needs a backend that starts.
 """
 
 import argparse
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -29,6 +34,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 __all__ = ["BACKENDS", "COMMANDS", "REQUIRES", "effective_backend", "installed_backends",
@@ -163,6 +169,7 @@ def _parser():
 def main(argv=None):
     """`keras-attn [--help | --version | COMMAND ...]`; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet = "TF_CPP_MIN_LOG_LEVEL" not in os.environ  # the user's level is kept, and obeyed
     quiet_environment()
     args = _parser().parse_args(argv[:1])  # --help, --version, or which command
     name, rest = args.command, argv[1:]
@@ -172,9 +179,34 @@ def main(argv=None):
     if problem:
         print(f"keras-attn: {problem}", file=sys.stderr)
         return 2
-    from keras_attn import cli  # imports Keras, with the backend checked above
+    with _without_native_start_up_logs() if quiet else contextlib.nullcontext():
+        from keras_attn import cli  # imports Keras, with the backend checked above
 
     return cli.run_command(name, rest)
+
+
+# "I0000 00:00:1796161905.250845    3114 port.cc:153] ...": Abseil's log-line format.
+_NATIVE_LOG = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)"
+                         r"|[IWE]\d{4} \d\d:\d\d:[\d.]+ +\d+ [\w.]+:\d+\] )")
+
+
+@contextlib.contextmanager
+def _without_native_start_up_logs():
+    """While inside, stderr (file descriptor 2, which C++ writes to) goes to a temporary
+    file; then every line of it but Abseil's log lines comes back to stderr."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile("w+", errors="replace") as caught:
+        saved = os.dup(2)
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught if not _NATIVE_LOG.match(line)]
+            sys.stderr.write("".join(kept))
 
 
 # --- the backend check of the commands that need one ----------------------------------

@@ -179,6 +179,20 @@ def test_quiet_environment_keeps_what_the_user_set(monkeypatch):
     assert _worker_env("jax", "cpu")["TF_CPP_MIN_LOG_LEVEL"] == "1"
 
 
+def test_abseil_start_up_lines_are_dropped_and_the_rest_of_stderr_kept(capfd):
+    # What TensorFlow 2.21 writes at import on a CPU with oneDNN on, whatever
+    # TF_CPP_MIN_LOG_LEVEL says (Abseil logs before absl::InitializeLog() go to stderr).
+    with keras_attn_cli._without_native_start_up_logs():
+        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are "
+                    b"written to STDERR\n")
+        os.write(2, b"I0000 00:00:1796161905.250845    3114 port.cc:153] oneDNN custom "
+                    b"operations are on.\n")
+        os.write(2, b"E0000 00:00:1796161905.251 17 cuda_executor.cc:1] failed call to cuInit\n")
+        os.write(2, b"a C++ line in another format\n")
+        os.write(2, b"UserWarning: a Python warning\n")
+    assert capfd.readouterr().err == "a C++ line in another format\nUserWarning: a Python warning\n"
+
+
 @pytest.mark.skipif("tensorflow" not in keras_attn_cli.installed_backends(),
                     reason="needs TensorFlow, whose start-up logs are the ones hidden")
 def test_tensorflow_starts_quietly(tmp_path):

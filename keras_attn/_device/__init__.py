@@ -1,0 +1,295 @@
+"""The backend boundary: the one package that talks to TF, JAX or torch directly.
+
+The layers never import a backend. Tools that must look at devices, take
+gradients of arbitrary functions or train data-parallel with a backend's own
+engine (the test suite, the parity runner, the benchmarks, the demo's
+`--distribute data`, in `data_parallel.py`) come here; each function imports
+only the active backend, and only when called. One function serves the
+library itself: `execution_mode`, which `keras_attn/__init__.py` hands to the
+`auto` policy (`_policy.set_execution_probe`), so that the policy and the
+layers stay free of backend code.
+"""
+
+import json
+import platform
+
+import keras
+
+from keras_attn._device.data_parallel import (
+    mirrored_strategy,
+    torch_data_parallel_fit,
+    torch_processes,
+)
+
+__all__ = ["allow_tf32", "compile_inference", "describe", "devices", "disable_tf32",
+           "execution_mode", "gpu_available", "mirrored_strategy", "print_devices",
+           "single_cpu_thread_for_small_ops", "torch_data_parallel_fit", "torch_processes",
+           "value_and_grad"]
+
+
+def _backend():
+    return keras.backend.backend()
+
+
+def execution_mode():
+    """How TensorFlow runs the code being traced now: "eager", "graph" or "xla".
+
+    "xla" inside `tf.function(jit_compile=True)` (Keras's `jit_compile=True`),
+    "graph" inside a plain `tf.function` (what Keras's `fit` and `predict`
+    run on a CPU-only machine or under a `tf.distribute` strategy, where its
+    `jit_compile="auto"` turns XLA off), "eager" outside any. None on the
+    other backends (JAX compiles what it traces with XLA; PyTorch and NumPy
+    run eagerly: one row of the policy each) and where TensorFlow's marker
+    cannot be read.
+    """
+    if _backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return "eager"
+    try:  # Private, but what tf.function(jit_compile=True) marks its graphs with.
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+
+        in_xla = control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
+    except (ImportError, AttributeError):
+        return None  # another TensorFlow: the policy's default row (measured under XLA)
+    return "xla" if in_xla else "graph"
+
+
+def disable_tf32():
+    """Make float32 matmuls true float32 on GPUs (TF32 off), as Keras's tests do."""
+    _set_tf32(False)
+
+
+def allow_tf32():
+    """Let float32 matmuls and convolutions use TF32 on GPUs (faster, ~1e-3 relative).
+
+    The opposite of `disable_tf32`, for benchmarks only: the tests and the parity
+    workers keep TF32 off. Nothing happens on a CPU.
+    """
+    _set_tf32(True)
+
+
+def _set_tf32(enabled):
+    name = _backend()
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.experimental.enable_tensor_float_32_execution(enabled)
+    elif name == "torch":
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+    elif name == "jax":
+        import jax
+
+        jax.config.update("jax_default_matmul_precision",
+                          "tensorfloat32" if enabled else "highest")
+
+
+def single_cpu_thread_for_small_ops():
+    """On PyTorch's CPU backend, run each op on one thread; returns whether it did.
+
+    Tiny models (a few 64-wide matrices per op) spend longer in PyTorch's
+    intra-op thread hand-offs than in arithmetic: on a shared 2-core
+    machine a demo training step was ten times faster on one thread. JAX
+    and TensorFlow are left alone (their thread pools are fixed at start-up
+    and cope with small ops).
+    """
+    if _backend() != "torch":
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    torch.set_num_threads(1)
+    return True
+
+
+def gpu_available():
+    """Whether the active backend sees at least one GPU."""
+    name = _backend()
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        return bool(tf.config.list_physical_devices("GPU"))
+    if name == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    if name == "jax":
+        import jax
+
+        return any(d.platform == "gpu" for d in jax.devices())
+    return False
+
+
+def describe():
+    """A short description of the backend, its version and its device."""
+    name = _backend()
+    device = "cpu (" + (platform.processor() or platform.machine()) + ")"
+    version = ""
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        version = tf.__version__
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            details = tf.config.experimental.get_device_details(gpus[0])
+            device = "gpu (" + details.get("device_name", gpus[0].name) + ")"
+    elif name == "torch":
+        import torch
+
+        version = torch.__version__
+        if torch.cuda.is_available():
+            device = "gpu (" + torch.cuda.get_device_name(0) + ")"
+    elif name == "jax":
+        import jax
+
+        version = jax.__version__
+        first = jax.devices()[0]
+        if first.platform != "cpu":
+            device = first.platform + " (" + first.device_kind + ")"
+    else:
+        import numpy
+
+        version = numpy.__version__
+    return {"backend": name, "backend_version": version, "keras": keras.__version__,
+            "device": device}
+
+
+def devices():
+    """`(devices, build)`: every device the active backend sees, as short strings
+    ("cpu", "cuda:0 (NVIDIA H100)", ...), and a note on its build ("CUDA 12.6",
+    "CPU only", or None)."""
+    name = _backend()
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        found = []
+        for device in tf.config.list_physical_devices():
+            text = device.name.replace("/physical_device:", "").lower()
+            if device.device_type == "GPU":
+                details = tf.config.experimental.get_device_details(device)
+                text += f" ({details.get('device_name', 'GPU')})"
+            found.append(text)
+        build = tf.sysconfig.get_build_info()
+        cuda = build.get("cuda_version") if build.get("is_cuda_build") else None
+        return found, (f"CUDA {cuda}" if cuda else "CPU only")
+    if name == "torch":
+        import torch
+
+        found = ["cpu"]
+        if torch.cuda.is_available():
+            found += [f"cuda:{i} ({torch.cuda.get_device_name(i)})"
+                      for i in range(torch.cuda.device_count())]
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            found.append("mps")
+        cuda = torch.version.cuda
+        return found, (f"CUDA {cuda}" if cuda else "CPU only")
+    if name == "jax":
+        import jax
+
+        found = [f"{d.platform}:{d.id} ({d.device_kind})" for d in jax.devices()]
+        return found, f"default backend {jax.default_backend()}"
+    return ["cpu"], None
+
+
+def print_devices():
+    """Print `describe()` and `devices()` as one JSON line (`keras-attn info` runs
+    this in a subprocess per backend)."""
+    found, build = devices()
+    print(json.dumps({**describe(), "devices": found, "build": build}), flush=True)
+
+
+def value_and_grad(fn, args):
+    """`fn(*args)` (a scalar) and its gradients w.r.t. every arg, as NumPy.
+
+    `args` are NumPy arrays (inputs) or `keras.Variable`s (weights); the
+    gradients come back in the same order. Not available on the NumPy
+    backend, which cannot differentiate.
+    """
+    name = _backend()
+    if name == "jax":
+        import jax
+
+        weights = {i for i, a in enumerate(args) if isinstance(a, keras.Variable)}
+        values = [a.value if i in weights else jax.numpy.asarray(a)
+                  for i, a in enumerate(args)]
+
+        def pure(vs):
+            # Weights are read from the traced values inside a stateless scope.
+            mapping = [(args[i], vs[i]) for i in weights]
+            with keras.StatelessScope(state_mapping=mapping):
+                return fn(*[args[i] if i in weights else v for i, v in enumerate(vs)])
+
+        # One compiled program instead of one small compile per eager op (JAX compiles
+        # each primitive per shape): about 3x faster on the suite's many small shapes.
+        out, grads = jax.jit(jax.value_and_grad(pure))(values)
+        return float(out), [keras.ops.convert_to_numpy(g) for g in grads]
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        watched = [a if isinstance(a, keras.Variable) else tf.convert_to_tensor(a)
+                   for a in args]
+        targets = [w.value if isinstance(w, keras.Variable) else w for w in watched]
+        with tf.GradientTape() as tape:
+            for target in targets:
+                tape.watch(target)
+            out = fn(*watched)
+        grads = tape.gradient(out, targets)
+        grads = [tf.zeros_like(t) if g is None else g for g, t in zip(grads, targets, strict=False)]
+        return float(out), [keras.ops.convert_to_numpy(g) for g in grads]
+    if name == "torch":
+        import torch
+
+        leaves = []
+        call_args = []
+        for a in args:
+            if isinstance(a, keras.Variable):
+                leaves.append(a.value)
+                call_args.append(a)
+            else:
+                t = torch.tensor(a, requires_grad=True,
+                                 device=keras.ops.convert_to_tensor(0.0).device)
+                leaves.append(t)
+                call_args.append(t)
+        out = fn(*call_args)
+        grads = torch.autograd.grad(out, leaves, allow_unused=True)
+        grads = [torch.zeros_like(leaf) if g is None else g
+                 for g, leaf in zip(grads, leaves, strict=False)]
+        return float(out.detach().cpu()), [g.detach().cpu().numpy() for g in grads]
+    raise RuntimeError(f"the {name} backend cannot compute gradients")
+
+
+def compile_inference(fn):
+    """`fn` as one compiled program for inference: `jax.jit` on JAX, `tf.function`
+    on TensorFlow; on PyTorch eager under `torch.no_grad()`; unchanged on NumPy.
+
+    Layers called inside `fn` have their weights read at trace time (JAX) or
+    as captured variables (TensorFlow): use it for inference, not training.
+    Call it with tensors or NumPy arrays of fixed shapes (each new shape traces
+    again).
+    """
+    name = _backend()
+    if name == "jax":
+        import jax
+
+        return jax.jit(fn)
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn)  # one trace per input shape (the cache needs a static S_max)
+    if name == "torch":
+        import torch
+
+        def no_grad(*args, **kwargs):
+            with torch.no_grad():
+                return fn(*args, **kwargs)
+
+        return no_grad
+    return fn
