@@ -30,6 +30,13 @@ from keras_attn.layers import (
 from keras_attn.options import AttentionOptions
 from keras_attn.rotary import RotaryEmbedding, rotary_embedding
 
+# `implementation="auto"` picks its row by how TensorFlow runs the call (eager, a
+# plain tf.function, XLA); the probe lives at the backend boundary, and the policy
+# takes it from here so that neither it nor the layers import backend code.
+from keras_attn import _device, _policy  # noqa: E402  (isort: skip)
+
+_policy.set_execution_probe(_device.execution_mode)
+
 __version__ = "0.1.0"
 
 __all__ = [

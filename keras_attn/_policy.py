@@ -59,10 +59,12 @@ __all__ = [
     "block_size_for",
     "check_implementation",
     "device_kind",
+    "execution_mode",
     "observe_paths",
     "policy_row",
     "record_path",
     "select_implementation",
+    "set_execution_probe",
 ]
 
 IMPLEMENTATIONS = ("auto", "fused", "blockwise", "explicit")
@@ -174,10 +176,30 @@ class BlockRule:
 BLOCKS = BlockRule()
 
 
-def policy_row(backend, device):
-    """The `Row` of `POLICY` for a backend name and a device kind ("cpu", "gpu", ...)."""
+def policy_row(backend, device, mode=None):
+    """The `Row` of `POLICY` for a backend name, a device kind ("cpu", "gpu", ...)
+    and an execution mode ("eager", "graph", "xla" or None): the row
+    `"device/mode"` where the backend has one, else the device's row."""
     rows = POLICY.get(backend, POLICY["default"])
+    if mode is not None and f"{device}/{mode}" in rows:
+        return rows[f"{device}/{mode}"]
     return rows.get(device, rows["default"])
+
+
+# How the backend runs the code being traced: a probe handed in by
+# keras_attn/__init__.py (`_device.execution_mode`, at the backend boundary), so
+# that this module stays free of backend code. Without one, None.
+_EXECUTION_PROBE = [lambda: None]
+
+
+def set_execution_probe(probe):
+    """Use `probe()` ("eager", "graph", "xla" or None) as `execution_mode`."""
+    _EXECUTION_PROBE[0] = probe
+
+
+def execution_mode():
+    """"eager", "graph" or "xla" on TensorFlow (see `_device.execution_mode`), else None."""
+    return _EXECUTION_PROBE[0]()
 
 
 # ----------------------------------------------------------------------------
@@ -286,7 +308,7 @@ def block_size_for(lead, T, S, banded=False, blocks=BLOCKS):
 
 def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_bias,
                           is_causal, needs_weights, symbolic, has_window=False,
-                          has_soft_cap=False, device=None, cached=False):
+                          has_soft_cap=False, device=None, cached=False, mode=None):
     """The path a call takes; the one place where `"auto"` is decided.
 
     The policy of `"auto"`, in order (the numbers are the row of `POLICY`
@@ -330,6 +352,9 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
             The fused kernel cannot soft-cap, so `auto` routes around it.
         device: `device_kind()` of the call; read when None.
         cached: the call attends over a key/value cache (a decode step).
+        mode: `execution_mode()` of the call ("eager", "graph", "xla"), which
+            picks the row `"device/mode"` where the backend has one;
+            None: the device's row.
     """
     check_implementation(implementation)
     if needs_weights or symbolic:
@@ -349,7 +374,7 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
     not_blockwise = "explicit" if has_soft_cap else "fused"
     if T is None or S is None:
         return record_path(not_blockwise)
-    row = policy_row(backend, device_kind() if device is None else device)
+    row = policy_row(backend, device_kind() if device is None else device, mode)
     # An unknown batch dim (a `None` input signature, an export) counts as 1:
     # the per-example score count alone decides, so a long sequence never
     # falls back to the full score matrix just because the batch is symbolic.

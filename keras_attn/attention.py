@@ -32,6 +32,7 @@ from keras_attn._policy import (
     block_size_for,
     check_implementation,
     device_kind,
+    execution_mode,
     select_implementation,
 )
 from keras_attn._shapes import broadcast_lead, score_lead, static_shape
@@ -276,7 +277,7 @@ def scaled_dot_product_attention(
         T=static_shape(query)[-2], S=static_shape(key)[-2], has_mask=mask is not None,
         has_bias=bias is not None, is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
         has_window=sliding_window is not None, has_soft_cap=logit_soft_cap is not None,
-        device=device_kind(query))
+        device=device_kind(query), mode=execution_mode())
     return attend(path, query, key, value, mask, bias, is_causal, scale, dropout_rate,
                   seed, training, return_attention_scores, sliding_window, logit_soft_cap)
 
@@ -363,7 +364,7 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
         symbolic=isinstance(query, keras.KerasTensor),
         has_window=options.sliding_window is not None,
         has_soft_cap=options.logit_soft_cap is not None, device=device_kind(query),
-        cached=cached, backend=keras.backend.backend())
+        cached=cached, backend=keras.backend.backend(), mode=execution_mode())
     if path == "fused" and 0 not in (T, S):
         # Keras's (B, T, H, d) layout: no transposes on our side.
         return fused_attention_bthd(query, key, value, mask=mask, is_causal=is_causal,

@@ -7,9 +7,10 @@ import keras_attn
 
 BACKENDS = {"tensorflow", "jax", "jaxlib", "torch", "tf_keras"}
 PACKAGE = pathlib.Path(keras_attn.__file__).parent
-# The backend boundary: modules whose job is to inspect devices or take
-# gradients of arbitrary functions. Layers and the core must not import them.
-BOUNDARY = {"_device.py"}
+# The backend boundary: the package whose job is to inspect devices, take
+# gradients of arbitrary functions and run a backend's own engines. Layers and
+# the core must not import it.
+BOUNDARY = {"_device"}
 
 
 def _imported_roots(path):
