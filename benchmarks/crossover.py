@@ -19,8 +19,9 @@ contenders are:
 
 Steps: `forward`, and `train` = forward + gradients of `mean(out**2)` with
 respect to q, k and v. Execution is compiled as users train: `jax.jit` on
-JAX, `tf.function(jit_compile=True)` on TensorFlow (`--no-tf-xla` for plain
-graphs), eager on PyTorch (`torch.no_grad()` for the forward, with
+JAX, `tf.function(jit_compile=True)` on TensorFlow (`--tf-mode graph` for a
+plain `tf.function`, as Keras's `fit` runs on a CPU, `--tf-mode eager` for
+none; `--no-tf-xla` is `--tf-mode graph`), eager on PyTorch (`torch.no_grad()` for the forward, with
 `OMP_WAIT_POLICY=PASSIVE`, see benchmarks/README.md). Each (point, step)
 runs in a fresh process that builds every contender, calls each once
 (trace / compile), then times them in turn (A B C ... A B C ...) for at
@@ -100,7 +101,7 @@ def time_worker(spec):
         # `auto` (and fused/explicit) run with no block size set: the policy's own choice.
         block = int(name.split("-")[1]) if name.startswith("block-") else None
         kwargs = {"is_causal": spec["causal"], "implementation": impl, "mask": mask}
-        fn = _core_fn(backend, spec["step"], kwargs, arrays, spec["tf_xla"])
+        fn = _core_fn(backend, spec["step"], kwargs, arrays, spec["tf_mode"])
 
         def run(fn=fn, block=block):
             # Read at trace time (and at every eager call on PyTorch).
@@ -159,7 +160,7 @@ def run_grid(args):
     for i, point in enumerate(points, 1):
         spec = {**point, "backend": args.backend, "repeats": args.rounds,
                 "budget_s": args.budget_s,
-                "tf_xla": not args.no_tf_xla,
+                "tf_mode": "graph" if args.no_tf_xla else args.tf_mode,
                 "names": contenders(point["T"], point["S"], args.block_sizes)}
         start = time.perf_counter()
         out = _spawn(spec, args.timeout)
@@ -263,7 +264,9 @@ def main(argv=None):
                         help="longest T timed for the train step (longer: forward only)")
     parser.add_argument("--budget-s", type=float, default=4.0,
                         help="timed seconds per point and step (more rounds while they are short)")
-    parser.add_argument("--no-tf-xla", action="store_true")
+    parser.add_argument("--tf-mode", choices=("xla", "graph", "eager"), default="xla",
+                        help="TensorFlow: tf.function with XLA, without, or eager")
+    parser.add_argument("--no-tf-xla", action="store_true", help="the same as --tf-mode graph")
     parser.add_argument("--from-json", help="print the table (and --plot) of a saved run")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)

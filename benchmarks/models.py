@@ -31,8 +31,11 @@ Figures (B=1, prompt P=512, N=128 new greedy tokens; train at B=4, T=512):
 Each backend runs in a fresh process that builds every contender, warms each up
 (JAX and TensorFlow compile there), then times them in turn, round after round;
 medians over rounds. Execution is each library's default: keras_attn's `generate`
-compiles its loop on JAX only; keras-hub's `generate` compiles on JAX and with
-`tf.function` on TensorFlow; PyTorch runs eagerly everywhere.
+compiles its loop with XLA on JAX and TensorFlow (`jit_compile="auto"`) and runs it
+eagerly under `torch.no_grad()` on PyTorch; keras-hub's `generate` compiles on JAX
+and with a plain `tf.function` on TensorFlow; Keras's `predict_on_batch` and
+`train_on_batch` run a plain `tf.function` on a CPU-only TensorFlow (its
+`jit_compile="auto"` turns XLA off there); PyTorch runs eagerly everywhere.
 """
 
 import argparse

@@ -84,8 +84,11 @@ def _inputs(heads, kv_heads, length):
     return q, k, v
 
 
-def _core_fn(backend, step, kwargs, arrays, tf_xla):
-    """A no-argument callable running one step of the functional core, synchronously."""
+def _core_fn(backend, step, kwargs, arrays, tf_mode):
+    """A no-argument callable running one step of the functional core, synchronously.
+
+    `tf_mode` (TensorFlow): "xla" (`tf.function(jit_compile=True)`), "graph" (a
+    plain `tf.function`) or "eager"."""
     import keras_attn
 
     def attend(q, k, v):
@@ -113,7 +116,9 @@ def _core_fn(backend, step, kwargs, arrays, tf_xla):
                 loss = tf.reduce_mean(tf.square(attend(q, k, v)))
             return tape.gradient(loss, [q, k, v])
 
-        fn = tf.function(attend if step == "forward" else train, jit_compile=tf_xla)
+        fn = attend if step == "forward" else train
+        if tf_mode != "eager":
+            fn = tf.function(fn, jit_compile=tf_mode == "xla")
         return lambda: fn(q, k, v)  # TensorFlow on the CPU returns when the values are ready
     import torch
 
@@ -200,7 +205,8 @@ def _build(spec, name, step):
                                 spec["tf_xla"])
         return run, {"params": params}
     heads, kv_heads, length, kwargs = _contenders(spec)[name]
-    return _core_fn(backend, step, kwargs, _inputs(heads, kv_heads, length), spec["tf_xla"]), {}
+    return _core_fn(backend, step, kwargs, _inputs(heads, kv_heads, length),
+                    "xla" if spec["tf_xla"] else "graph"), {}
 
 
 def _paths_string(counter):
