@@ -17,6 +17,7 @@ on the global batches; then trains the same model on one device, without a
 strategy, in the same process. Writes both sets of weights to OUT.npz.
 """
 
+import gc
 import os
 import sys
 
@@ -71,6 +72,10 @@ def torch_worker(port, world_size, rank, dropout, out_path):
         np.savez(f"{out_path}.rank{rank}.npz", *dp.weights_of(model),
                  losses=np.asarray(losses), paths=_paths(taken))
         dist.barrier()
+        # The Reducer before the group: the other order can deadlock in torch 2.13
+        # (keras_attn/_device/data_parallel.py says why).
+        del ddp_model
+        gc.collect()
     finally:
         dist.destroy_process_group()
 

@@ -1,6 +1,9 @@
 """Small shared helpers for the tests."""
 
+import os
 import re
+import signal
+import subprocess
 
 import keras
 import numpy as np
@@ -77,3 +80,18 @@ def rng(seed=0):
 
 def randn(generator, *shape):
     return generator.standard_normal(shape).astype("float32")
+
+
+def run_in_own_group(command, *, timeout, **kwargs):
+    """`subprocess.run(command, ...)` in a session of its own; on a timeout, kill the
+    whole group before raising, so that no child it started (a DDP rank spawned by
+    `torch.multiprocessing`) outlives the test holding a port."""
+    with subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, **kwargs) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from tests import data_parallel_model as dp
+from tests.helpers import run_in_own_group
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "data_parallel_worker.py")
@@ -150,10 +151,9 @@ DEMO = ["--epochs", "1", "--num-train", "256", "--num-test", "16", "--max-length
 def test_demo_distribute_data(tmp_path):
     """`keras-attn demo --distribute data` in a fresh process, as a user runs it."""
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(
+    result = run_in_own_group(
         [sys.executable, "-m", "keras_attn", "demo", *DEMO, "--distribute", "data",
-         "--output", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=240)
+         "--output", str(tmp_path)], cwd=tmp_path, env=env, timeout=240)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     expected = {"torch": "distribution: DistributedDataParallel over 2 process(es)",

@@ -161,14 +161,15 @@ def _own_process(directives):
 
 def _run_in_own_process(path, line, code, tmp_path):
     """Run the block as a script in a fresh interpreter; fail with its output."""
-    import subprocess
     import sys
+
+    from tests.helpers import run_in_own_group
 
     script = tmp_path / f"{path.stem}_{line}.py"
     script.write_text("\n" * line + code)  # line numbers are the Markdown file's
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = run_in_own_group([sys.executable, str(script)], cwd=tmp_path, env=env,
+                              timeout=300)
     assert result.returncode == 0, (f"{path.relative_to(ROOT)}:{line} exited "
                                     f"{result.returncode}:\n{result.stdout[-3000:]}"
                                     f"{result.stderr[-3000:]}")

@@ -11,10 +11,22 @@ JAX goes through `keras.distribution`, which Keras implements on JAX only:
   saves the trained weights and the caller's process loads them. The GPU variant
   is not tested here (no GPU on the test machines).
 
+Tearing a DDP process down: the `DistributedDataParallel` wrapper goes first,
+then `destroy_process_group()`. In the other order, the wrapper's C++ `Reducer`
+holds the last reference to the gloo process group and destroys it with the GIL
+held; `~ProcessGroupGloo` joins its worker threads, and one of them may still be
+dropping a finished work item whose saved thread-local state holds a Python
+object (the `contextvars.Context` that torch 2.13's `backward()` stashes in TLS,
+pytorch/pytorch#173568), which needs the GIL: a deadlock (seen as a DDP rank that
+never exits, caught with gdb in CI) or, at interpreter exit, "terminate called
+without an active exception". Dropped through `destroy_process_group()`, the
+group's Python holder destroys it without the GIL, so nothing waits on anyone.
+
 Part of the backend boundary (`keras_attn._device`): each function imports its
 backend only when called.
 """
 
+import gc
 import os
 import socket
 import tempfile
@@ -108,6 +120,8 @@ def _ddp_worker(rank, world_size, port, build_model, build_kwargs, arrays, setti
         if rank == 0:
             model.save_weights(weights_path)
         dist.barrier()  # nobody tears the group down while another rank still uses it
+        del ddp, optimizer, scheduler  # the Reducer before the group (see the top)
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
