@@ -1,4 +1,4 @@
-"""The `auto` policy as data, the one function that reads it, and the path observer.
+"""The `auto` policy as data, the one function that reads it, and the execution-mode probe.
 
 Dimension letters: B batch, H heads, T query length, S key length.
 
@@ -9,20 +9,17 @@ so every backend's row can be tested under any backend; `block_size_for`
 reads `BLOCKS`, the blockwise block rule. The settings of `keras_attn.config`
 override both.
 
-`observe_paths()` lets a caller (a test, a benchmark) see which path ran:
-inside it, every choice of path (at trace time under a compiler) is counted
-in the `collections.Counter` it yields. Outside, nothing is recorded.
+`observe_paths()` (from `keras_attn._observe`, kept importable from here)
+lets a caller (a test, a benchmark) see which path ran.
 """
 
-import collections
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import math
 
 import keras
 
+from keras_attn._observe import observe_paths, record_path
 from keras_attn._validation import check_positive_int
 
 # 512 x 512 float32 scores = 1 MiB per (batch, head) pair: large enough for
@@ -84,6 +81,9 @@ class Row:
         blockwise_min_scores: `(banded, full)`: by speed, blockwise once one
             head's scores `T * S` reach these (banded = causal or windowed);
             None: never by speed.
+        blockwise_min_call_scores: `(banded, full)`: by speed, blockwise once the
+            scores of the whole call `prod(lead) * T * S` reach these; None
+            (either or both): no such rule.
         blockwise_min_queries: ... and with at least this many queries.
         decode_explicit_below: a call over a key/value cache with fewer
             queries than this runs explicit; None: no such rule.
@@ -92,6 +92,7 @@ class Row:
     max_scores: int = DEFAULT_BLOCKWISE_THRESHOLD
     flash_unmasked: bool = False
     blockwise_min_scores: tuple | None = None
+    blockwise_min_call_scores: tuple | None = None
     blockwise_min_queries: int = 16
     decode_explicit_below: int | None = None
 
@@ -105,9 +106,15 @@ class Row:
 #   weights of every head and runs the softmax through memory; blockwise tiles stay
 #   in cache and causal attention skips the blocks above the diagonal (1.1-1.5x
 #   faster at T = 32-128, 2-5x from T = 256 up).
-# - TensorFlow: from 512 x 512 causal, 1024 x 1024 full. Its XLA-compiled
-#   einsum-softmax is as fast as the loop on shorter sequences; the loop's edge
-#   comes mostly from the causal blocks it skips.
+# - TensorFlow under XLA (`tf.function(jit_compile=True)`): from 512 x 512 causal,
+#   1024 x 1024 full. Its XLA-compiled einsum-softmax is as fast as the loop on
+#   shorter sequences; the loop's edge comes mostly from the causal blocks it skips.
+#   In a plain `tf.function` (Keras's fit and predict on a CPU-only machine) the loop
+#   pays per block: causal from 2**24 scores in the call, B*H*T*S (B=8, H=8 from
+#   T = 512: 0.79 of fused forward, 0.92 train; B=1, H=4 from T = 2048: 0.82 and 1.02;
+#   below, fused is faster, blockwise 1.1-1.4x at B=1, H=4, T = 256-1024); full
+#   attention never by speed (fused up to T = 2048). Eager: never by speed (the loop
+#   runs op by op: 1.2-3.2x fused at T = 32-4096). `execution_mode()` picks the row.
 # - PyTorch: never by speed: its CPU SDPA kernel is faster than a loop of ops. Above
 #   the memory bound, unmasked calls stay on SDPA's own flash kernel (linear in
 #   memory already, and faster than a loop), on every device.
@@ -127,9 +134,12 @@ POLICY = {
                    decode_explicit_below=DECODE_EXPLICIT_BELOW),
         "default": _GPU_TPU,
     },
-    "tensorflow": {
+    "tensorflow": {  # "cpu": XLA, or a mode unknown; the decoding rule as measured under XLA
         "cpu": Row(blockwise_min_scores=(512 * 512, 1024 * 1024),
                    decode_explicit_below=DECODE_EXPLICIT_BELOW),
+        "cpu/graph": Row(blockwise_min_call_scores=(2**24, None),
+                         decode_explicit_below=DECODE_EXPLICIT_BELOW),
+        "cpu/eager": Row(decode_explicit_below=DECODE_EXPLICIT_BELOW),
         "default": _GPU_TPU,
     },
     "torch": {  # devices are the tensor's: "cpu", "cuda", "mps", ...
@@ -200,36 +210,6 @@ def set_execution_probe(probe):
 def execution_mode():
     """"eager", "graph" or "xla" on TensorFlow (see `_device.execution_mode`), else None."""
     return _EXECUTION_PROBE[0]()
-
-
-# ----------------------------------------------------------------------------
-# Observing which path ran.
-
-_OBSERVERS = contextvars.ContextVar("keras_attn_path_observers", default=())
-
-
-@contextlib.contextmanager
-def observe_paths():
-    """Count the paths chosen while inside: yields a `collections.Counter`.
-
-    Path name ("explicit", "fused", "blockwise", and "cached" for a call
-    over a key/value cache) -> the number of times it was chosen, at trace
-    time under a compiler. Observers nest (each counts what happens inside
-    it) and are scoped to the current context (thread, task).
-    """
-    counter = collections.Counter()
-    token = _OBSERVERS.set(_OBSERVERS.get() + (counter,))
-    try:
-        yield counter
-    finally:
-        _OBSERVERS.reset(token)
-
-
-def record_path(path):
-    """Count `path` in every active observer (none by default); returns `path`."""
-    for counter in _OBSERVERS.get():
-        counter[path] += 1
-    return path
 
 
 # ----------------------------------------------------------------------------
@@ -326,10 +306,12 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
        linear in memory already.
     4. Speed, measured (benchmarks/crossover.py): blockwise once one head's
        scores `T * S` reach `Row.blockwise_min_scores` (on a CPU: 32 x 32 on
-       JAX; 512 x 512 causal and 1024 x 1024 full on TensorFlow; never on
-       PyTorch, NumPy, GPUs and TPUs) with at least
-       `Row.blockwise_min_queries` (16) queries, the block from
-       `block_size_for`.
+       JAX; 512 x 512 causal and 1024 x 1024 full on TensorFlow under XLA;
+       never on PyTorch, NumPy, GPUs and TPUs), or the call's scores reach
+       `Row.blockwise_min_call_scores` (TensorFlow in a plain `tf.function`:
+       2**24 causal or windowed), with at least `Row.blockwise_min_queries`
+       (16) queries, the block from `block_size_for`. TensorFlow's row
+       follows `mode`: eagerly, never by speed.
     5. Decoding: a call over a key/value cache with fewer than
        `Row.decode_explicit_below` (16, every backend's CPU) queries runs
        explicit.
@@ -386,10 +368,11 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
         return record_path("blockwise")
     if override is not None:
         return record_path(not_blockwise)
-    min_scores = row.blockwise_min_scores
-    if min_scores is not None:
-        min_scores = min_scores[0] if (is_causal or has_window) else min_scores[1]
-        if T * S >= min_scores and T >= row.blockwise_min_queries:
+    banded = is_causal or has_window
+    for minimum, scores in ((row.blockwise_min_scores, T * S),
+                            (row.blockwise_min_call_scores, _known_scores(lead, T, S))):
+        minimum = None if minimum is None else minimum[0 if banded else 1]
+        if minimum is not None and scores >= minimum and T >= row.blockwise_min_queries:
             return record_path("blockwise")
     if cached and row.decode_explicit_below is not None and T < row.decode_explicit_below:
         return record_path("explicit")

@@ -181,6 +181,44 @@ def test_tf_function_with_unknown_batch_goes_blockwise():
     assert_close(out, expected)
 
 
+@pytest.mark.skipif(BACKEND != "tensorflow" or device_kind() != "cpu",
+                    reason="TensorFlow's execution modes on a CPU (GPUs: one row)")
+def test_tensorflow_auto_follows_how_the_call_runs():
+    """One causal call (B=1, H=4, T=512) in each mode: XLA goes blockwise; a plain
+    tf.function (Keras's fit and predict on a CPU) and eager stay fused."""
+    import tensorflow as tf
+
+    from keras_attn import _policy
+
+    assert _policy._EXECUTION_PROBE[0] is _device.execution_mode  # keras_attn/__init__
+    g = rng(3)
+    q, k, v = (randn(g, 1, 4, 512, 8) for _ in range(3))
+    expected, _ = reference.scaled_dot_product_attention(q, k, v, is_causal=True)
+    modes = []
+
+    def attend(q, k, v):
+        modes.append(_device.execution_mode())
+        return sdpa(q, k, v, is_causal=True)
+
+    runs = {"xla": tf.function(attend, jit_compile=True), "graph": tf.function(attend),
+            "eager": attend}
+    for mode, run in runs.items():
+        with observe_paths() as taken:
+            out = run(q, k, v)
+        assert modes[-1] == mode
+        assert taken == {"blockwise" if mode == "xla" else "fused": 1}, mode
+        assert_close(out, expected)
+    # What Keras runs: `predict` on a CPU-only machine is a plain tf.function.
+    for jit_compile, path in (("auto", "fused"), (True, "blockwise")):
+        inputs = keras.Input((512, 8))
+        attention = keras_attn.MultiHeadAttention(4, 2)
+        model = keras.Model(inputs, attention(inputs, inputs, use_causal_mask=True))
+        model.compile(jit_compile=jit_compile)
+        with observe_paths() as taken:
+            model.predict(q[0, :1], verbose=0)  # (1, 512, 8)
+        assert taken == {path: 1}, jit_compile
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="jax.export symbolic shapes")
 def test_jax_export_with_symbolic_batch_goes_blockwise():
     import jax

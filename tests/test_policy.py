@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from keras_attn import _policy, config
+from keras_attn import _observe, _policy, config
 from keras_attn._policy import POLICY, BlockRule, Row, observe_paths, record_path
 
 from .fixtures import attention_settings_fixture
@@ -152,6 +152,39 @@ def test_rows_are_found_by_backend_and_device():
     assert _select("openvino", "gpu", 8192, 8192, (1, 4)) == B
 
 
+def test_tensorflow_rows_follow_the_execution_mode():
+    """XLA (and an unknown mode) keep the XLA-measured row; a plain tf.function goes
+    blockwise by the scores of the whole call, causal only; eager never by speed."""
+    assert _policy.policy_row("tensorflow", "cpu", "xla") is POLICY["tensorflow"]["cpu"]
+    assert _policy.policy_row("tensorflow", "cpu", None) is POLICY["tensorflow"]["cpu"]
+    assert _policy.policy_row("tensorflow", "cpu", "graph") is POLICY["tensorflow"]["cpu/graph"]
+    assert _policy.policy_row("tensorflow", "gpu", "graph") is POLICY["tensorflow"]["default"]
+    assert _policy.policy_row("jax", "cpu", "graph") is POLICY["jax"]["cpu"]  # no such row
+    assert POLICY["tensorflow"]["cpu/graph"].blockwise_min_call_scores == (2**24, None)
+
+    def tf(mode, T, lead, **flags):
+        return _select("tensorflow", "cpu", T, T, lead, mode=mode, **flags)
+
+    causal = dict(is_causal=True)
+    # B=1, H=4, T=512 causal (Keras's predict of a 512-token prompt on a CPU): the
+    # XLA rule goes blockwise, which costs 1.2-1.4x fused in a plain tf.function.
+    assert tf("xla", 512, (1, 4), **causal) == tf(None, 512, (1, 4), **causal) == B
+    assert tf("graph", 512, (1, 4), **causal) == tf("eager", 512, (1, 4), **causal) == F
+    # 2**24 scores in the call: B=1, H=4 from T=2048; B=8, H=8 from T=512.
+    assert tf("graph", 2047, (1, 4), **causal) == F
+    assert tf("graph", 2048, (1, 4), **causal) == tf("graph", 512, (8, 8), **causal) == B
+    assert tf("graph", 512, (8, 8), has_window=True) == B   # banded, like causal
+    assert tf("graph", 2048, (1, 4)) == F                   # full attention: fused
+    assert tf("graph", 2048, (1, 4), has_soft_cap=True) == E
+    assert tf("graph", 2048, (1, 4), has_soft_cap=True, **causal) == B
+    assert tf("eager", 4096, (1, 4), **causal) == F          # eager: by memory only
+    assert tf("eager", 8192, (1, 4), **causal) == B
+    # Decoding over a cache and the memory bound do not depend on the mode.
+    for mode in ("xla", "graph", "eager"):
+        assert _select("tensorflow", "cpu", 1, 768, (1, 8), mode=mode, has_mask=True,
+                       cached=True) == E
+
+
 def test_the_table_drives_the_choice(monkeypatch):
     """Change a row and the choice follows: nothing else holds a threshold."""
     monkeypatch.setitem(POLICY, "numpy", {"cpu": Row(blockwise_min_scores=(16 * 16, 16 * 16)),
@@ -225,7 +258,7 @@ def test_block_sizes_follow_the_block_rule_unless_set():
 
 
 def test_nothing_is_recorded_without_an_observer():
-    assert _policy._OBSERVERS.get() == ()
+    assert _observe._OBSERVERS.get() == ()
     assert record_path("fused") == "fused"
     _select("jax", "cpu", 32, 32, (1, 1))
     with observe_paths() as taken:
@@ -243,7 +276,7 @@ def test_observers_count_what_happens_inside_and_nest():
     _select("numpy", "cpu", 32, 32, (1, 1))
     assert inner == {"fused": 1, "cached": 1}
     assert outer == {"blockwise": 1, "fused": 1, "cached": 1, "explicit": 1}
-    assert _policy._OBSERVERS.get() == ()
+    assert _observe._OBSERVERS.get() == ()
 
 
 def test_an_observer_is_scoped_to_its_context():
