@@ -36,6 +36,11 @@ from keras_attn.rotary import RotaryEmbedding, rotary_embedding
 from keras_attn import _device, _policy  # noqa: E402  (isort: skip)
 
 _policy.set_execution_probe(_device.execution_mode)
+# `CausalLM.generate` on PyTorch replays its decoding step from a traced graph; the
+# tracer is backend code too.
+from keras_attn.layers import causal_lm as _causal_lm  # noqa: E402  (isort: skip)
+
+_causal_lm.set_step_tracer(_device.trace_step)
 
 __version__ = "0.1.0"
 

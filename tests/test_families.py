@@ -15,6 +15,7 @@ import pytest
 from keras_attn import CausalLM, convert
 from keras_attn.convert import _transformers_config as tables
 from keras_attn.layers._common import gelu_approximate
+from keras_attn.layers.causal_lm import traced_step_of
 
 from . import family_cases as fc
 
@@ -56,6 +57,9 @@ def test_logits_and_greedy_tokens_match_transformers(converted, name):
     assert margin > MIN_MARGIN, f"{name}: greedy margin {margin:.3g} (pick another seed)"
     ours = keras.ops.convert_to_numpy(lm.generate(ids[:, :fc.P], max_length=fc.P + fc.NEW))
     np.testing.assert_array_equal(ours, tokens)
+    if keras.backend.backend() == "torch":  # decoded through the traced step, none refused
+        step = traced_step_of(lm)
+        assert step.graph_calls > 0 and None not in step.graphs.values()
 
 
 @pytest.mark.parametrize("name", NAMES)

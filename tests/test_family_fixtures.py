@@ -98,11 +98,13 @@ def test_causal_lm_refuses_bad_inputs():
 def test_generate_compiles_once_and_matches_the_eager_loop(tmp_path):
     """The compiled loop (JAX, TensorFlow: XLA) is kept: a second call traces nothing.
 
+    On PyTorch, "auto" decodes through the traced step (one graph per shape, kept).
+
     Greedy and sampled (int seed) tokens equal the loop run eagerly (`jit_compile=False`,
     on TensorFlow a plain tf.function), which the fixture test above checks against
     transformers' greedy tokens; except sampled tokens on TensorFlow (see below).
     """
-    from keras_attn.layers.causal_lm import loops_of
+    from keras_attn.layers.causal_lm import loops_of, traced_step_of
 
     lm, stored = load("llama")
     P, L = int(stored["prompt_length"]), stored["tokens"].shape[1]
@@ -131,8 +133,15 @@ def test_generate_compiles_once_and_matches_the_eager_loop(tmp_path):
         assert len(loops) == 2 and all(loop.traces == 1 for loop in loops), \
             [(loop.options, loop.traces) for loop in loops]
     elif keras.backend.backend() == "torch":  # eager: the loop model runs at every call
-        eager = [loop for loop in loops_of(lm).values() if not loop.jit_compile]
-        assert loops == [] and len(eager) == 2 and all(loop.traces == 3 for loop in eager)
+        traced = [loop for loop in loops_of(lm).values() if loop.step is not None]
+        plain = [loop for loop in loops_of(lm).values() if loop.step is None]
+        assert loops == [] and len(traced) == 2 and len(plain) == 2
+        assert all(loop.traces == 2 for loop in traced)  # "auto": first, again
+        assert all(loop.traces == 1 for loop in plain)  # jit_compile=False
+        # Both settings decode one shape: one graph, which answered every step of the
+        # greedy calls (the sampled ones may stop early) and none of the plain loops'.
+        step = traced_step_of(lm)
+        assert len(step.graphs) == 1 and step.graph_calls >= 2 * (L - 1 - P)
     else:  # NumPy: the loop runs as it is, no model
         assert loops_of(lm) == {}
     with pytest.raises(ValueError, match="jit_compile"):

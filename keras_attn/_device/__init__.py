@@ -4,10 +4,11 @@ The layers never import a backend. Tools that must look at devices, take
 gradients of arbitrary functions or train data-parallel with a backend's own
 engine (the test suite, the parity runner, the benchmarks, the demo's
 `--distribute data`, in `data_parallel.py`) come here; each function imports
-only the active backend, and only when called. One function serves the
-library itself: `execution_mode`, which `keras_attn/__init__.py` hands to the
-`auto` policy (`_policy.set_execution_probe`), so that the policy and the
-layers stay free of backend code.
+only the active backend, and only when called. Two serve the library itself,
+handed over by `keras_attn/__init__.py` so that the policy and the layers stay
+free of backend code: `execution_mode`, to the `auto` policy
+(`_policy.set_execution_probe`), and `trace_step` (`traced_step.py`), to
+`CausalLM.generate` on PyTorch (`causal_lm.set_step_tracer`).
 """
 
 import json
@@ -20,11 +21,12 @@ from keras_attn._device.data_parallel import (
     torch_data_parallel_fit,
     torch_processes,
 )
+from keras_attn._device.traced_step import TracedStep, trace_step
 
 __all__ = ["allow_tf32", "compile_inference", "describe", "devices", "disable_tf32",
            "execution_mode", "gpu_available", "mirrored_strategy", "print_devices",
            "single_cpu_thread_for_small_ops", "torch_data_parallel_fit", "torch_processes",
-           "value_and_grad"]
+           "trace_step", "TracedStep", "value_and_grad"]
 
 
 def _backend():

@@ -42,10 +42,11 @@ class _GenerateLoop(keras.Model):
     2-layer model, against 5 ms for keras-hub's cached function).
     """
 
-    def __init__(self, lm, max_length, options, jit_compile):
+    def __init__(self, lm, max_length, options, jit_compile, step=None):
         super().__init__(name=f"{lm.name}_generate")
         self.lm, self.max_length, self.options = lm, max_length, options
         self.jit_compile = jit_compile
+        self.step = step  # the traced decoding step (PyTorch, "auto"), or None
         self.traces = 0  # how often `call` ran: once per compilation, at every eager call
         self.built = True  # the weights are the (built) lm's
 
@@ -53,30 +54,63 @@ class _GenerateLoop(keras.Model):
         self.traces += 1
         batch = prompt_ids.shape[0]
         caches = [empty_cache(block, batch, self.max_length) for block in self.lm.blocks]
-        return generate_tokens(self.lm.next_token_logits, prompt_ids, self.max_length, caches,
-                               **self.options)
+        step = self.lm.next_token_logits
+        if self.step is not None:
+            step = self._prefill_eagerly_then(self.step)
+        return generate_tokens(step, prompt_ids, self.max_length, caches, **self.options)
+
+    def _prefill_eagerly_then(self, traced):
+        """The prefill (P tokens, once) eagerly; the decoding steps (1 token) from `traced`."""
+        def step(token_ids, caches, index):
+            if token_ids.shape[1] != 1:
+                return self.lm.next_token_logits(token_ids, caches, index)
+            return traced(token_ids, caches, index)
+        return step
 
 
 class _Loops:
-    """A model's `{settings: _GenerateLoop}`, in a plain object: Keras's saving walks a
-    model's attributes and would save a dict or list of models in it (and a module-level
-    map would keep every model alive through its loop)."""
+    """A model's `{settings: _GenerateLoop}` and its traced decoding step, in a plain
+    object: Keras's saving walks a model's attributes and would save a dict or list of
+    models in it (and a module-level map would keep every model alive through its loop)."""
 
     def __init__(self):
         self.loops = {}
+        self.step = None
 
 
-def loops_of(lm):
-    """`lm`'s kept generate loops, `{settings: _GenerateLoop}`."""
+def _holder(lm):
     holder = getattr(lm, "_generate_loops", None)
     if holder is None:
         holder = _Loops()
         lm._generate_loops = holder
-    return holder.loops
+    return holder
+
+
+def loops_of(lm):
+    """`lm`'s kept generate loops, `{settings: _GenerateLoop}`."""
+    return _holder(lm).loops
+
+
+def traced_step_of(lm):
+    """`lm`'s traced decoding step (one per model, its graphs kept by shape), or None."""
+    holder = _holder(lm)
+    if holder.step is None:
+        holder.step = _STEP_TRACER[0](lm.next_token_logits, lm.variables)
+    return holder.step
+
+
+# `trace(fn, variables)`: a decoding step traced once per shape, or None where the
+# backend needs none. The tracer lives at the backend boundary (PyTorch only);
+# keras_attn/__init__.py hands it here, so that this module imports no backend.
+_STEP_TRACER = [lambda fn, variables: None]
+
+
+def set_step_tracer(trace):
+    _STEP_TRACER[0] = trace
 
 
 def _default_jit_compile():
-    """XLA on JAX and TensorFlow; eager PyTorch (torch.compile costs minutes on CPU)."""
+    """XLA on JAX and TensorFlow; PyTorch traces its step (torch.compile costs minutes)."""
     return keras.backend.backend() in ("jax", "tensorflow")
 
 
@@ -259,12 +293,16 @@ class CausalLM(keras.Model):
         (like keras-hub's `generate`). `jit_compile="auto"` means XLA on
         JAX and on TensorFlow (also on CPU, unlike `model.compile`'s "auto":
         a TensorFlow decode step measured 1.34 ms with XLA against 4.54 ms
-        with a plain `tf.function`), and eager PyTorch. `True` on PyTorch
-        uses `torch.compile`; `False` means no XLA: a plain `tf.function`
-        on TensorFlow, the loop run eagerly on JAX and PyTorch (under
-        `torch.no_grad()` there, as Keras's `predict_on_batch` runs: with
-        autograd recording, a decode step of benchmarks/models.py took
-        45.7 ms against 35.6 ms without). A
+        with a plain `tf.function`). On PyTorch it means the prefill
+        eagerly and every decoding step replayed from a graph traced once
+        per shape (`torch.fx` then TorchScript, about 1.3 s for
+        benchmarks/models.py's 4-block model; checked against the eager step
+        before use, which it replaces if they disagree): a step of that model
+        took 8.6 ms against 32.4 ms eagerly. `True` on PyTorch
+        uses `torch.compile` (minutes on a CPU); `False` means no XLA and
+        no graph: a plain `tf.function` on TensorFlow, the loop run eagerly
+        on JAX and PyTorch (under `torch.no_grad()` there, as Keras's
+        `predict_on_batch` runs). A
         traced prompt (inside the caller's `jax.jit` or `tf.function`), or
         sampling with a `keras.random.SeedGenerator` or without a seed,
         runs the loop as it is, in the caller's context. An int `seed`
@@ -298,6 +336,7 @@ class CausalLM(keras.Model):
         if jit_compile not in ("auto", True, False):
             raise ValueError(f"`jit_compile` must be 'auto', True or False. Received: "
                              f"jit_compile={jit_compile!r}")
+        trace = jit_compile == "auto" and keras.backend.backend() == "torch"
         jit_compile = _default_jit_compile() if jit_compile == "auto" else jit_compile
         sampling = _check_temperature(temperature) > 0
         prompt = concrete_value(prompt_ids)
@@ -312,10 +351,11 @@ class CausalLM(keras.Model):
         options = {"end_token_id": list(stops) or None, "temperature": float(temperature),
                    "top_k": top_k, "seed": int(seed) if sampling else None}
         key = (max_length, stops, options["temperature"], top_k, options["seed"],
-               bool(jit_compile))
+               bool(jit_compile), trace)
         loops = loops_of(self)
         if key not in loops:
-            loops[key] = _GenerateLoop(self, max_length, options, bool(jit_compile))
+            loops[key] = _GenerateLoop(self, max_length, options, bool(jit_compile),
+                                       traced_step_of(self) if trace else None)
         tokens = np.asarray(loops[key].predict_on_batch(np.asarray(prompt, "int32")))
         check_generated(tokens, max_length)  # non-finite logits, once the values are known
         return ops.convert_to_tensor(tokens, "int32")
