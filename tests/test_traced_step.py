@@ -153,3 +153,21 @@ def test_a_step_that_reads_the_index_is_not_traced():
     expected, _ = lm.next_token_logits(token, caches, _index(P + 2))
     np.testing.assert_allclose(to_numpy(logits), to_numpy(expected), rtol=1e-6)
     assert list(step.graphs.values()) == [None]
+
+
+@torch_only
+def test_a_lora_enabled_after_the_trace_is_decoded_with():
+    """New variables (and a new computation) drop the old graphs: no stale replay."""
+    lm = _lm()
+    before = to_numpy(lm.generate(_prompt(), max_length=L))
+    for block in lm.blocks:
+        for dense in (block.self_attention.query_dense, block.self_attention.value_dense):
+            dense.enable_lora(2)
+            rng = np.random.default_rng(3)
+            dense.lora_kernel_b.assign(rng.normal(0, 1.0, dense.lora_kernel_b.shape))
+    after = to_numpy(lm.generate(_prompt(), max_length=L))
+    eager = to_numpy(lm.generate(_prompt(), max_length=L, jit_compile=False))
+    assert after.tolist() == eager.tolist()
+    assert after[:, P:].tolist() != before[:, P:].tolist()  # the LoRA moved the tokens
+    step = traced_step_of(lm)
+    assert len(step.graphs) == 1 and step.graph_calls == 2 * (L - 1 - P)  # traced again, used

@@ -64,6 +64,15 @@ class TracedStep:
         self.graphs = {}
         self.graph_calls = 0
 
+    def follow(self, variables):
+        """Use `variables` from now on; if they are not the same objects as before (a
+        LoRA enabled, a model quantized: new weights and a new computation), drop every
+        graph, so that none replays the old computation."""
+        variables = list(variables)
+        if len(variables) != len(self.variables) or any(
+                a is not b for a, b in zip(variables, self.variables)):
+            self.variables, self.graphs = variables, {}
+
     def __call__(self, token_ids, cache, cache_update_index):
         import torch
 

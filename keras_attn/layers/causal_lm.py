@@ -56,6 +56,7 @@ class _GenerateLoop(keras.Model):
         caches = [empty_cache(block, batch, self.max_length) for block in self.lm.blocks]
         step = self.lm.next_token_logits
         if self.step is not None:
+            self.step.follow(self.lm.variables)  # once per call: the weights may have changed
             step = self._prefill_eagerly_then(self.step)
         return generate_tokens(step, prompt_ids, self.max_length, caches, **self.options)
 
