@@ -337,7 +337,8 @@ class CausalLM(keras.Model):
         if jit_compile not in ("auto", True, False):
             raise ValueError(f"`jit_compile` must be 'auto', True or False. Received: "
                              f"jit_compile={jit_compile!r}")
-        trace = jit_compile == "auto" and keras.backend.backend() == "torch"
+        # "auto" on a backend with a step tracer (PyTorch): the traced decoding step.
+        step = traced_step_of(self) if jit_compile == "auto" else None
         jit_compile = _default_jit_compile() if jit_compile == "auto" else jit_compile
         sampling = _check_temperature(temperature) > 0
         prompt = concrete_value(prompt_ids)
@@ -352,11 +353,10 @@ class CausalLM(keras.Model):
         options = {"end_token_id": list(stops) or None, "temperature": float(temperature),
                    "top_k": top_k, "seed": int(seed) if sampling else None}
         key = (max_length, stops, options["temperature"], top_k, options["seed"],
-               bool(jit_compile), trace)
+               bool(jit_compile), step is not None)
         loops = loops_of(self)
         if key not in loops:
-            loops[key] = _GenerateLoop(self, max_length, options, bool(jit_compile),
-                                       traced_step_of(self) if trace else None)
+            loops[key] = _GenerateLoop(self, max_length, options, bool(jit_compile), step)
         tokens = np.asarray(loops[key].predict_on_batch(np.asarray(prompt, "int32")))
         check_generated(tokens, max_length)  # non-finite logits, once the values are known
         return ops.convert_to_tensor(tokens, "int32")
