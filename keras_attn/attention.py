@@ -29,6 +29,7 @@ from keras_attn._kernels.explicit import explicit_attention
 from keras_attn._kernels.fused import fused_attention, fused_attention_bthd
 from keras_attn._masks import combine_masks, positional_mask
 from keras_attn._policy import (
+    block_rule,
     block_size_for,
     check_implementation,
     device_kind,
@@ -310,7 +311,8 @@ def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale
     key, value = zero_unattended_keys(key, value, allowed, key_axis=-2, group=group)
     if path == "blockwise":
         block = block_size_for(score_lead(query, key), T, S,
-                               is_causal or sliding_window is not None)
+                               is_causal or sliding_window is not None,
+                               blocks=block_rule(keras.backend.backend()), window=sliding_window)
         return blockwise_attention(query, key, value, mask=mask, bias=bias,
                                    is_causal=is_causal, scale=scale, block_size=block,
                                    sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)

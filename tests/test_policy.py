@@ -253,6 +253,43 @@ def test_block_sizes_follow_the_block_rule_unless_set():
     assert size((1, 4), 4096, 4096, blocks=rule) == 64
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_causal_sequences_keep_the_full_tile_on_jax_only(backend):
+    size, rule = _policy.block_size_for, _policy.block_rule(backend)
+    jax = backend == "jax"
+    # Causal over 8 or more full-tile blocks (512 at B=1, H=4; 256 at B=2, H=8).
+    assert size((1, 4), 4096, 4096, banded=True, blocks=rule) == (512 if jax else 256)
+    assert size((1, 4), 16384, 16384, banded=True, blocks=rule) == (512 if jax else 256)
+    assert size((2, 8), 2048, 2048, banded=True, blocks=rule) == (256 if jax else 128)
+    # Fewer blocks, or a window (its band is W, not the sequence): the half tile.
+    assert size((1, 4), 4095, 4095, banded=True, blocks=rule) == 256
+    assert size((1, 4), 16384, 16384, banded=True, blocks=rule, window=1024) == 256
+    assert size((1, 4), 4096, 4096, blocks=rule) == 512  # full attention: unchanged
+    config.set_attention_block_size(64)
+    assert size((1, 4), 4096, 4096, banded=True, blocks=rule) == 64
+
+
+def test_a_blockwise_call_takes_the_block_of_its_backends_rule(monkeypatch):
+    import keras
+    from keras import ops
+
+    from keras_attn import attention
+
+    seen = []
+
+    def spy(query, key, value, **kwargs):  # records the block; no attention computed
+        seen.append(kwargs["block_size"])
+        return value
+
+    monkeypatch.setattr(attention, "blockwise_attention", spy)
+    x = ops.zeros((1, 4, 4096, 8))
+    attention.attend("blockwise", x, x, x, is_causal=True)
+    attention.attend("blockwise", x, x, x, is_causal=True, sliding_window=1024)
+    attention.attend("blockwise", x, x, x)
+    causal = 512 if keras.backend.backend() == "jax" else 256
+    assert seen == [causal, 256, 512]
+
+
 # ----------------------------------------------------------------------------
 # The observer.
 
