@@ -33,8 +33,9 @@ and `lse` (linear memory) and recomputes the scores block by block:
 `p = exp(s - lse)`, `dv += pᵀ do`, `ds = p * (do vᵀ - rowsum(do * out))`,
 `dk += dsᵀ q * scale`, `dq += ds k * scale`, `dbias = ds`. Two passes avoid
 scatter-updates of a shared buffer (which would copy it on PyTorch): one map
-over key blocks accumulates `dk` and `dv`, one map over query blocks
-accumulates `dq` (and emits `dbias` tiles when there is a bias). The
+over key blocks accumulates `dk` and `dv` (each block computed transposed,
+`k qᵀ`, so that `pᵀ` and `dsᵀ` come without a transposed copy), one map over
+query blocks accumulates `dq` (and emits `dbias` tiles when there is a bias). The
 backward pass therefore also needs memory linear in the sequence length,
 plus the size of `bias` for its gradient.
 
@@ -106,9 +107,10 @@ def _forward(q, k, v, bias, mask, g, scale):
     return _from_q_blocks(out, g), _from_q_blocks(lse, g)
 
 
-def _probabilities(g, q_i, k_j, bias, mask, lse_i, i, j, scale):
-    """Block `(i, j)` of the softmax weights, recomputed from the kept `lse`, and `d_cap`."""
-    s, allowed, d_cap = g.logits(q_i, k_j, bias, mask, i, j, scale)
+def _probabilities(g, q_i, k_j, bias, mask, lse_i, i, j, scale, transposed=False):
+    """Block `(i, j)` of the softmax weights, recomputed from the kept `lse`, and `d_cap`
+    (`transposed`: `(..., bk, bq)`, with `lse_i` given as `(..., 1, bq)`)."""
+    s, allowed, d_cap = g.logits(q_i, k_j, bias, mask, i, j, scale, transposed)
     p = ops.exp(s - lse_i)
     if allowed is not None:
         p = ops.where(allowed, p, ops.zeros_like(p))
@@ -131,11 +133,13 @@ def _key_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
         def q_inner(i, state):
             dk, dv = state
             q_i, do_i = g.rows(q, i), g.rows(d_out, i)
-            p, d_cap = _probabilities(g, q_i, k_j, bias, mask, g.rows(lse, i), i, j, scale)
-            dv = dv + ops.matmul(ops.swapaxes(p, -1, -2), do_i)  # (..., bk, d_v)
-            dp = ops.matmul(do_i, ops.swapaxes(v_j, -1, -2))  # (..., bq, bk)
-            ds = _uncap(p * (dp - g.rows(delta, i)), d_cap)
-            dk = dk + ops.matmul(ops.swapaxes(ds, -1, -2), q_i) * scale  # (..., bk, d_k)
+            # The block transposed, (..., bk, bq): p^T and ds^T as the products take them.
+            lse_t = ops.swapaxes(g.rows(lse, i), -1, -2)  # (..., 1, bq)
+            p_t, d_cap = _probabilities(g, q_i, k_j, bias, mask, lse_t, i, j, scale, True)
+            dv = dv + ops.matmul(p_t, do_i)  # (..., bk, d_v)
+            dp_t = ops.matmul(v_j, ops.swapaxes(do_i, -1, -2))  # (..., bk, bq)
+            ds_t = _uncap(p_t * (dp_t - ops.swapaxes(g.rows(delta, i), -1, -2)), d_cap)
+            dk = dk + ops.matmul(ds_t, q_i) * scale  # (..., bk, d_k)
             return dk, dv
 
         return ops.fori_loop(*g.query_range(j), q_inner, init)
