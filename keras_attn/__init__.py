@@ -41,6 +41,10 @@ _policy.set_execution_probe(_device.execution_mode)
 from keras_attn.layers import causal_lm as _causal_lm  # noqa: E402  (isort: skip)
 
 _causal_lm.set_step_tracer(_device.trace_step)
+# The blockwise kernel's loops, compiled once per shape when called eagerly on JAX.
+from keras_attn._kernels import blockwise as _blockwise  # noqa: E402  (isort: skip)
+
+_blockwise.set_eager_compiler(_device.eager_compiler)
 
 __version__ = "0.1.0"
 

@@ -354,3 +354,31 @@ def test_mha_with_lora_on_a_projection_matches_reference(projection, implementat
     assert np.abs(params[projection]["kernel"] - plain).max() > 1e-3  # LoRA is not a no-op
     expected, _ = reference.multi_head_attention(params, x, num_heads=2, is_causal=True)
     assert_close(out, expected)
+
+
+# ----------------------------------------------------------------------------
+# Eager calls of the blockwise kernel: compiled once per shape on JAX.
+
+
+def test_eager_blockwise_calls_trace_once_per_shape_on_jax(monkeypatch):
+    """On JAX a repeated eager call at one shape reuses one compiled program (before, each
+    call traced and compiled its loops again, about 1 s a call); elsewhere nothing is
+    compiled, so every call runs the kernel. Both give the reference's numbers."""
+    from keras_attn._kernels import blockwise
+
+    traces = []
+    inner = blockwise._blockwise
+
+    def counted(*args, **kwargs):
+        traces.append(1)
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(blockwise, "_blockwise", counted)
+    blockwise._compiled.cache_clear()
+    g, q, k, v = _inputs(7, 9, 9)
+    want, _ = reference.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
+    for _ in range(3):
+        out = blockwise.blockwise_attention(q, k, v, is_causal=True, scale=0.5, block_size=4)
+        assert_close(to_numpy(out), want, "float32")
+    assert len(traces) == (1 if keras.backend.backend() == "jax" else 3)
+    blockwise._compiled.cache_clear()

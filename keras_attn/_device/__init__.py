@@ -4,10 +4,11 @@ The layers never import a backend. Tools that must look at devices, take
 gradients of arbitrary functions or train data-parallel with a backend's own
 engine (the test suite, the parity runner, the benchmarks, the demo's
 `--distribute data`, in `data_parallel.py`) come here; each function imports
-only the active backend, and only when called. Two serve the library itself,
-handed over by `keras_attn/__init__.py` so that the policy and the layers stay
-free of backend code: `execution_mode`, to the `auto` policy
-(`_policy.set_execution_probe`), and `trace_step` (`traced_step.py`), to
+only the active backend, and only when called. Three serve the library itself,
+handed over by `keras_attn/__init__.py` so that the policy, the kernels and the
+layers stay free of backend code: `execution_mode`, to the `auto` policy
+(`_policy.set_execution_probe`), `eager_compiler`, to the blockwise kernel
+(`blockwise.set_eager_compiler`), and `trace_step` (`traced_step.py`), to
 `CausalLM.generate` on PyTorch (`causal_lm.set_step_tracer`).
 """
 
@@ -24,8 +25,8 @@ from keras_attn._device.data_parallel import (
 from keras_attn._device.traced_step import TracedStep, trace_step
 
 __all__ = ["allow_tf32", "compile_inference", "describe", "devices", "disable_tf32",
-           "execution_mode", "gpu_available", "mirrored_strategy", "print_devices",
-           "single_cpu_thread_for_small_ops", "torch_data_parallel_fit", "torch_processes",
+           "eager_compiler", "execution_mode", "gpu_available", "mirrored_strategy",
+           "print_devices", "single_cpu_thread_for_small_ops", "torch_data_parallel_fit", "torch_processes",
            "trace_step", "TracedStep", "value_and_grad"]
 
 
@@ -266,6 +267,30 @@ def value_and_grad(fn, args):
                  for g, leaf in zip(grads, leaves, strict=False)]
         return float(out.detach().cpu()), [g.detach().cpu().numpy() for g in grads]
     raise RuntimeError(f"the {name} backend cannot compute gradients")
+
+
+def eager_compiler(fn):
+    """On JAX, `fn` compiled with `jax.jit` for concrete inputs; None elsewhere.
+
+    What `blockwise_attention` compiles its loops with, so that an eager call at a
+    shape seen before does not trace and compile them again (TensorFlow runs eager
+    loops in Python, PyTorch always does). Inputs that are tracers (inside `jax.jit`,
+    `jax.grad`, Keras's compiled steps) call `fn` itself, inlined as before: a
+    `jax.jit` around the kernel's `custom_gradient` under `jax.grad` fails ("No
+    constant handler for type: DynamicJaxprTracer").
+    """
+    if _backend() != "jax":
+        return None
+    import jax
+
+    compiled = jax.jit(fn)
+
+    def call(*args):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args)):
+            return fn(*args)
+        return compiled(*args)
+
+    return call
 
 
 def compile_inference(fn):
