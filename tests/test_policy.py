@@ -5,6 +5,10 @@ JAX, TensorFlow, PyTorch and NumPy are all checked here whichever backend runs t
 suite. The expectations are the paths that the policy gave before it became a table
 (`keras_attn/_paths.py` at dc2eca1, evaluated under each backend name), for shapes
 that sit on each measured threshold of benchmarks/crossover.py.
+
+Every test but one takes the backend as an argument and computes nothing with the live
+one: they are marked `backend_independent` and run in one tox environment (numpy); the
+one that calls `attend` under the live backend runs everywhere.
 """
 
 import threading
@@ -119,6 +123,7 @@ CASES = {
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.backend_independent
 def test_every_row_gives_the_measured_path(case, backend, device):
     (T, S, lead, flags), expected = CASES[case]
     cpu_path, elsewhere = expected[backend]
@@ -126,6 +131,7 @@ def test_every_row_gives_the_measured_path(case, backend, device):
         cpu_path if device == "cpu" else elsewhere)
 
 
+@pytest.mark.backend_independent
 def test_the_rows_hold_the_measured_numbers():
     assert POLICY["jax"]["cpu"].blockwise_min_scores == (32 * 32, 32 * 32)
     assert POLICY["tensorflow"]["cpu"].blockwise_min_scores == (512 * 512, 1024 * 1024)
@@ -141,6 +147,7 @@ def test_the_rows_hold_the_measured_numbers():
             assert row.flash_unmasked == (backend == "torch")
 
 
+@pytest.mark.backend_independent
 def test_rows_are_found_by_backend_and_device():
     assert _policy.policy_row("jax", "cpu") is POLICY["jax"]["cpu"]
     assert _policy.policy_row("jax", "tpu") is POLICY["jax"]["default"]
@@ -152,6 +159,7 @@ def test_rows_are_found_by_backend_and_device():
     assert _select("openvino", "gpu", 8192, 8192, (1, 4)) == B
 
 
+@pytest.mark.backend_independent
 def test_tensorflow_rows_follow_the_execution_mode():
     """XLA (and an unknown mode) keep the XLA-measured row; a plain tf.function goes
     blockwise by the scores of the whole call, causal only; eager never by speed."""
@@ -185,6 +193,7 @@ def test_tensorflow_rows_follow_the_execution_mode():
                        cached=True) == E
 
 
+@pytest.mark.backend_independent
 def test_the_table_drives_the_choice(monkeypatch):
     """Change a row and the choice follows: nothing else holds a threshold."""
     monkeypatch.setitem(POLICY, "numpy", {"cpu": Row(blockwise_min_scores=(16 * 16, 16 * 16)),
@@ -205,6 +214,7 @@ def test_the_table_drives_the_choice(monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.backend_independent
 def test_a_set_threshold_replaces_every_row(backend):
     config.set_blockwise_threshold(100)
     for device in DEVICES:
@@ -224,6 +234,7 @@ def test_a_set_threshold_replaces_every_row(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.backend_independent
 def test_requested_paths_are_kept_or_refused(backend):
     for path in ("explicit", "fused", "blockwise"):
         assert _select(backend, "cpu", 64, 64, (1, 1), implementation=path) == path
@@ -237,6 +248,7 @@ def test_requested_paths_are_kept_or_refused(backend):
         _select(backend, "cpu", 64, 64, (1, 1), implementation="flash")
 
 
+@pytest.mark.backend_independent
 def test_block_sizes_follow_the_block_rule_unless_set():
     size = _policy.block_size_for
     assert size((1, 4), 4096, 4096) == 512
@@ -254,6 +266,7 @@ def test_block_sizes_follow_the_block_rule_unless_set():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.backend_independent
 def test_long_causal_sequences_keep_the_full_tile_on_jax_only(backend):
     size, rule = _policy.block_size_for, _policy.block_rule(backend)
     jax = backend == "jax"
@@ -294,6 +307,7 @@ def test_a_blockwise_call_takes_the_block_of_its_backends_rule(monkeypatch):
 # The observer.
 
 
+@pytest.mark.backend_independent
 def test_nothing_is_recorded_without_an_observer():
     assert _observe._OBSERVERS.get() == ()
     assert record_path("fused") == "fused"
@@ -303,6 +317,7 @@ def test_nothing_is_recorded_without_an_observer():
     assert taken == {}
 
 
+@pytest.mark.backend_independent
 def test_observers_count_what_happens_inside_and_nest():
     with observe_paths() as outer:
         _select("jax", "cpu", 32, 32, (1, 1), is_causal=True)
@@ -316,6 +331,7 @@ def test_observers_count_what_happens_inside_and_nest():
     assert _observe._OBSERVERS.get() == ()
 
 
+@pytest.mark.backend_independent
 def test_an_observer_is_scoped_to_its_context():
     with observe_paths() as taken:
         worker = threading.Thread(target=record_path, args=("fused",))
