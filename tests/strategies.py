@@ -17,6 +17,8 @@ import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from . import shapes
+
 PATHS = ("explicit", "fused", "blockwise")
 # bfloat16 matmuls are not implemented by NumPy (Keras's numpy backend).
 HALF_DTYPES = ("float16",) if keras.backend.backend() == "numpy" else ("float16", "bfloat16")
@@ -29,9 +31,9 @@ MAX_LEN = 24
 # Lengths around the test block size of 4: one partial block, a full and a
 # partial block, several blocks.
 SMALL_VARIETY = settings.get_current_profile_name() == "ci"
-CI_LENGTHS = (0, 1, 5, 9)
-CI_LEADS = ((2, 3), (2, 1, 2))
-CI_DIMS = (3, 4)
+CI_LENGTHS = shapes.LENGTHS
+CI_LEADS = shapes.LEADS
+CI_DIMS = shapes.HEAD_DIMS
 
 
 def _length(lo, hi):

@@ -1,47 +1,27 @@
-"""Every public layer through Keras's own layer-test harness, `run_layer_test`.
+"""Every layer case of `tests/harness.py` through the same checks, on every backend.
 
 Keras checks its layers with `keras.src.testing.TestCase.run_layer_test`: the
 weight counts, `get_config` / `from_config` and JSON round trips, symbolic
 against eager calls (output shapes and dtypes), a training step, and the mixed
-precision policies. The same harness runs here, for each layer and each
-family of options, on every backend.
+precision policies. The same harness runs here for each case, then the float64
+reference (with the attention path observed), a `.keras` round trip, and cached
+decoding against the uncached forward.
 """
 
 import keras
+import numpy as np
 import pytest
 from keras.src.testing import TestCase
 
 import keras_attn
+from keras_attn._policy import observe_paths
+
+from .harness import CASES, functional_model, params_of
+from .helpers import UNCACHED, assert_close, to_numpy
 
 BACKEND = keras.backend.backend()
 TRAINS = BACKEND != "numpy"
-
-# (layer class, constructor kwargs, input shapes, expected output shape, trainable weights)
-CASES = {
-    "mha": (keras_attn.MultiHeadAttention, dict(num_heads=2, key_dim=4),
-            {"query_shape": (2, 5, 8)}, (2, 5, 8), 8),
-    "mha_cross": (keras_attn.MultiHeadAttention,
-                  dict(num_heads=2, key_dim=4, value_dim=3, output_dim=6),
-                  {"query_shape": (2, 5, 8), "value_shape": (2, 7, 10)}, (2, 5, 6), 8),
-    "mha_modern": (keras_attn.MultiHeadAttention,
-                   dict(num_heads=4, key_dim=4, num_key_value_heads=2,
-                        rope_max_wavelength=1e4, sliding_window=3, logit_soft_cap=20.0,
-                        qk_norm="rms", use_bias=False),
-                   {"query_shape": (2, 5, 8)}, (2, 5, 8), 6),
-    "feed_forward": (keras_attn.PositionwiseFeedForward,
-                     dict(intermediate_dim=16, activation="silu", gated=True),
-                     {"input_shape": (2, 5, 8)}, (2, 5, 8), 6),
-    "encoder": (keras_attn.TransformerEncoderLayer,
-                dict(num_heads=2, intermediate_dim=16, normalize_first=True),
-                {"inputs_shape": (2, 5, 8)}, (2, 5, 8), 16),
-    "decoder_only": (keras_attn.TransformerDecoderLayer,
-                     dict(num_heads=2, intermediate_dim=16, num_key_value_heads=1,
-                          rope_max_wavelength=1e4, normalization="rms",
-                          gated_feed_forward=True, use_bias=False),
-                     {"inputs_shape": (2, 5, 8)}, (2, 5, 8), 9),
-    "rotary": (keras_attn.RotaryEmbedding, dict(max_wavelength=100.0, interleaved=True),
-               {"inputs_shape": (2, 5, 3, 4)}, (2, 5, 3, 4), 0),
-}
+PATHS = {"explicit", "fused", "blockwise"}
 
 
 class _Harness(TestCase):
@@ -50,16 +30,74 @@ class _Harness(TestCase):
 
 
 @pytest.mark.filterwarnings("ignore:`shuffle=True` was passed")  # the harness's own fit call
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c.keras_shapes))
 def test_keras_run_layer_test(name):
-    cls, kwargs, shapes, output_shape, weights = CASES[name]
+    case = CASES[name]
+    shapes = case.keras_shapes
     harness = _Harness()
     harness.run_layer_test(
-        cls, init_kwargs=kwargs,
+        case.cls, init_kwargs=case.kwargs,
         input_shape=shapes if len(shapes) > 1 else next(iter(shapes.values())),
-        expected_output_shape=output_shape,
-        expected_num_trainable_weights=weights,
+        expected_output_shape=case.expected_shape,
+        expected_num_trainable_weights=case.trainable_weights,
         expected_num_non_trainable_weights=0,
         supports_masking=True,
         run_training_check=TRAINS and len(shapes) == 1,  # as Keras tests its own MHA
     )
+
+
+WITH_REFERENCE = sorted(n for n, c in CASES.items() if c.reference is not None)
+
+
+@pytest.mark.parametrize("name", WITH_REFERENCE)
+def test_case_matches_the_float64_reference_and_a_path_ran(name):
+    case = CASES[name]
+    layer, arrays = case.build(seed=3)
+    with observe_paths() as taken:
+        out = layer(**arrays, **case.call)
+    assert_close(out, case.reference(params_of(layer), arrays), what=name)
+    ran = set(taken) & PATHS
+    if case.attends:
+        assert ran, f"{name}: no attention path recorded ({dict(taken)})"
+    else:
+        assert not ran, f"{name}: has no attention, yet recorded {dict(taken)}"
+
+
+@pytest.mark.parametrize("name", WITH_REFERENCE)
+def test_case_predicts_the_same_after_a_keras_file_round_trip(name, tmp_path):
+    case = CASES[name]
+    layer, arrays = case.build(seed=4)
+    model = functional_model(layer, arrays, case.call)
+    before = to_numpy(model.predict_on_batch(arrays))
+    path = tmp_path / f"{name}.keras"
+    model.save(path)
+    reloaded = keras.saving.load_model(path)
+    np.testing.assert_array_equal(to_numpy(reloaded.predict_on_batch(arrays)), before)
+    assert_close(before, case.reference(params_of(layer), arrays), what=f"{name} saved")
+
+
+def _cached_call(case, layer, x, cache, start):
+    if case.cache == "mha":
+        return layer(x, cache=cache, cache_update_index=start, **case.call)
+    return layer(x, self_attention_cache=cache, self_attention_cache_update_index=start,
+                 **case.call)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c.cache))
+def test_cached_decoding_equals_the_uncached_forward(name):
+    """A prefill of 2 tokens then one-token steps: each step's rows are the uncached
+    forward's, and the path taken over the cache is observed."""
+    case = CASES[name]
+    layer, arrays = case.build(seed=5)
+    (x,) = arrays.values()
+    full = to_numpy(layer(**arrays, **case.call))
+    B, T = x.shape[:2]
+    cache = keras_attn.empty_cache(layer, B, T + 1)
+    start = 0
+    with observe_paths() as taken:
+        for stop in (2, *range(3, T + 1)):
+            out, cache = _cached_call(case, layer, x[:, start:stop], cache, start)
+            assert_close(out, full[:, start:stop], what=f"{name} rows {start}:{stop}",
+                         against=UNCACHED)
+            start = stop
+    assert taken["cached"] == T - 1, dict(taken)

@@ -1,0 +1,153 @@
+"""The layer-test harness: one table of layer cases, and the checks each case gets.
+
+`tests/test_layer_harness.py` runs every case of `CASES` through the same checks:
+
+- Keras's own `run_layer_test` (weight counts, config and JSON round trips, symbolic
+  against eager calls, a training step, the mixed-precision policies), for the cases
+  that give it their input shapes;
+- the float64 reference (`keras_attn.testing.reference`), with randomised weights far
+  from identity, and the attention path observed while the layer runs;
+- a `.keras` round trip: the reloaded model predicts the same;
+- cached = uncached, for the cases with a key/value cache: a prefill then one-token
+  steps give the rows of one uncached forward.
+
+A case is data: the layer it builds, the arrays it is called with, and the reference
+it is checked against. A new layer (or a new family of options) gets every check by
+adding a case. Shapes come from `tests/shapes.py`, so that JAX compiles each once.
+"""
+
+import dataclasses
+from collections.abc import Callable
+
+import keras
+import numpy as np
+
+import keras_attn
+from keras_attn.testing.weights import randomize_weights, reference_params
+
+from . import reference, shapes
+from .helpers import randn, rng
+
+B, T, S, D = shapes.B, shapes.T, shapes.S, shapes.D
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCase:
+    """One layer under test.
+
+    Attributes:
+        cls, kwargs: the layer class and its constructor arguments.
+        inputs: `seed -> {name: array}`, the call's tensors (keyword arguments).
+        call: the call's other keyword arguments (flags).
+        reference: `(params, inputs) -> float64 output`, `params` the layer's weights
+            as `reference_params` gives them.
+        keras_shapes: `run_layer_test`'s `input_shape` (a shape, or a dict of them), or
+            None to leave the case out of that check.
+        expected_shape, trainable_weights: what `run_layer_test` checks.
+        cache: None, or how a cached call is made: "mha" (`cache=`,
+            `cache_update_index=`) or "block" (`self_attention_cache=` ...).
+    """
+
+    cls: type
+    kwargs: dict
+    inputs: Callable
+    reference: Callable | None
+    call: dict = dataclasses.field(default_factory=dict)
+    keras_shapes: object = None
+    expected_shape: tuple = ()
+    trainable_weights: int = 0
+    cache: str | None = None
+    attends: bool = True  # False: a layer with no attention (no path to observe)
+
+    def build(self, seed=0):
+        """The layer, built for `inputs(seed)` and with randomised weights."""
+        layer = self.cls(**self.kwargs)
+        arrays = self.inputs(seed)
+        layer.build(*(arrays[name].shape for name in arrays))
+        randomize_weights(layer, seed=seed + 1)
+        return layer, arrays
+
+
+def _padding(lengths, length):
+    return np.arange(length)[None, :] < np.asarray(lengths)[:, None]
+
+
+def _self(width):
+    return lambda seed: {"query": randn(rng(seed), B, T, width)}
+
+
+def _mha_reference(num_heads, **options):
+    def expected(params, arrays, is_causal=False):
+        query = arrays["query"]
+        value = arrays.get("value", query)
+        return reference.multi_head_attention(params, query, value, value, num_heads=num_heads,
+                                              is_causal=is_causal, **options)[0]
+    return expected
+
+
+_MODERN = dict(num_key_value_heads=2, rope_max_wavelength=1e4, sliding_window=3,
+               logit_soft_cap=20.0, qk_norm="rms")
+
+CASES = {
+    "mha": LayerCase(
+        keras_attn.MultiHeadAttention, dict(num_heads=2, key_dim=4), _self(D),
+        _mha_reference(2), keras_shapes={"query_shape": (B, T, D)},
+        expected_shape=(B, T, D), trainable_weights=8),
+    "mha_cross": LayerCase(
+        keras_attn.MultiHeadAttention, dict(num_heads=2, key_dim=4, value_dim=3, output_dim=6),
+        lambda seed: {"query": randn(rng(seed), B, T, D), "value": randn(rng(seed + 7), B, S, 10)},
+        _mha_reference(2), keras_shapes={"query_shape": (B, T, D), "value_shape": (B, S, 10)},
+        expected_shape=(B, T, 6), trainable_weights=8),
+    "gqa_modern": LayerCase(
+        keras_attn.MultiHeadAttention, dict(num_heads=4, key_dim=4, use_bias=False, **_MODERN),
+        _self(D), lambda params, arrays: _mha_reference(4, **_MODERN)(params, arrays, True),
+        call=dict(use_causal_mask=True), keras_shapes={"query_shape": (B, T, D)},
+        expected_shape=(B, T, D), trainable_weights=6, cache="mha"),
+    "encoder": LayerCase(
+        keras_attn.TransformerEncoderLayer,
+        dict(num_heads=2, intermediate_dim=16, normalize_first=True),
+        lambda seed: {"inputs": randn(rng(seed), B, T, D)},
+        lambda params, arrays: reference.encoder_layer(
+            params, arrays["inputs"], num_heads=2, normalize_first=True),
+        keras_shapes={"inputs_shape": (B, T, D)}, expected_shape=(B, T, D),
+        trainable_weights=16),
+    "decoder_with_memory": LayerCase(
+        keras_attn.TransformerDecoderLayer, dict(num_heads=2, intermediate_dim=16),
+        lambda seed: {"inputs": randn(rng(seed), B, T, D), "memory": randn(rng(seed + 7), B, S, D)},
+        lambda params, arrays: reference.decoder_layer(
+            params, arrays["inputs"], num_heads=2, memory=arrays["memory"])),
+    "decoder_only": LayerCase(
+        keras_attn.TransformerDecoderLayer,
+        dict(num_heads=2, intermediate_dim=16, num_key_value_heads=1, rope_max_wavelength=1e4,
+             normalization="rms", gated_feed_forward=True, activation="silu",
+             use_bias=False, normalize_first=True),
+        lambda seed: {"inputs": randn(rng(seed), B, T, D)},
+        lambda params, arrays: reference.decoder_layer(
+            params, arrays["inputs"], num_heads=2, normalize_first=True,
+            activation_name="silu", attention_options=dict(
+                num_key_value_heads=1, rope_max_wavelength=1e4)),
+        keras_shapes={"inputs_shape": (B, T, D)}, expected_shape=(B, T, D),
+        trainable_weights=9, cache="block"),
+    "feed_forward": LayerCase(
+        keras_attn.PositionwiseFeedForward, dict(intermediate_dim=16, activation="silu", gated=True),
+        lambda seed: {"inputs": randn(rng(seed), B, T, D)},
+        lambda params, arrays: reference.feed_forward(params, arrays["inputs"], "silu"),
+        keras_shapes={"input_shape": (B, T, D)}, expected_shape=(B, T, D), trainable_weights=6,
+        attends=False),
+    # RoPE has its own references (tests/test_rotary_types.py); here Keras's checks only.
+    "rotary": LayerCase(
+        keras_attn.RotaryEmbedding, dict(max_wavelength=100.0, interleaved=True),
+        lambda seed: {"inputs": randn(rng(seed), B, T, 3, 4)}, None,
+        keras_shapes={"inputs_shape": (B, T, 3, 4)}, expected_shape=(B, T, 3, 4),
+        attends=False),
+}
+
+
+def params_of(layer):
+    return reference_params(layer)
+
+
+def functional_model(layer, arrays, call):
+    """A `keras.Model` around `layer` with one `keras.Input` per array (for saving)."""
+    inputs = {name: keras.Input(a.shape[1:], name=name) for name, a in arrays.items()}
+    return keras.Model(inputs, layer(**inputs, **call))
