@@ -21,7 +21,7 @@ DEVICES = len(keras.distribution.list_devices()) if BACKEND == "jax" else 0
 needs_8 = pytest.mark.skipif(
     DEVICES < 8,
     reason=(f"needs the JAX backend with 8 devices (found {DEVICES} on {BACKEND}); "
-            "`tox -e multidevice` runs it on 8 CPU devices "
+            "tox's parity environment (or `tox -e multidevice`) runs it on 8 CPU devices "
             "(XLA_FLAGS=--xla_force_host_platform_device_count=8)"),
 )
 # Sharded results are the single-device ones up to summation order.

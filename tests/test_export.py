@@ -3,7 +3,8 @@
 - TensorFlow: `model.export(..., format="tf_saved_model")`, reloaded with
   `tf.saved_model.load` (the tensorflow environment).
 - JAX: `model.export` goes through jax2tf with polymorphic shapes; it needs
-  TensorFlow too, so it runs in the `export-jax` tox environment.
+  TensorFlow too, so it runs in the `parity` tox environment (which has both;
+  `tox -e export-jax` runs it alone).
 - PyTorch: `torch.export.export` with `Dim`s for batch and length (the
   torch environment).
 
