@@ -313,7 +313,7 @@ def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale
 
 # Eager JAX compiles every op of a call once per new shape: about 1.4 s for an explicit
 # attention call of B=2, H=4, T=9 on 2 cores, against 0.3 s for the same call compiled
-# as one program (fused: 1.7 s against 0.4-0.6 s). `keras_attn._device` registers a
+# as one program (fused: 1.7 s against 0.4-0.6 s). The backend boundary registers a
 # compiler (`jax.jit` for concrete inputs, None elsewhere), and each set of static
 # settings keeps one compiled call. The kernels are part of the key, so that a test that
 # replaces one (a spy) is not answered by a program traced before it; the block size is
@@ -337,7 +337,8 @@ _COMPILED = {}
 
 
 def set_eager_compiler(compiler):
-    """Register `compiler(fn) -> fn or None` (`keras_attn._device.eager_compiler`)."""
+    """Register `compiler(fn) -> fn or None`: the backend boundary's `eager_compiler`,
+    handed over by `keras_attn/__init__.py`."""
     global _eager_compiler
     _eager_compiler = compiler
     _COMPILED.clear()

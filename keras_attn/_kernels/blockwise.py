@@ -324,7 +324,7 @@ def _pad_to_blocks(x, rank, g):
 # Eager JAX traces a loop's body anew at every call: the bodies above are closures made
 # per call, so `lax.scan` / `while_loop` found no cached trace and compiled every loop
 # again, about 1 s a call at a shape already seen (B=2, H=4, T=64, block 16: 1.48, 0.89,
-# 0.99, 1.15 s for four calls). `keras_attn._device` registers a compiler (`jax.jit` on
+# 0.99, 1.15 s for four calls). The backend boundary registers a compiler (`jax.jit` on
 # JAX, None elsewhere) and each set of static settings keeps one compiled function, so a
 # repeated eager call costs a dispatch. Under an outer trace the compiled function is
 # inlined as before.
@@ -332,7 +332,8 @@ _eager_compiler = None
 
 
 def set_eager_compiler(compiler):
-    """Register `compiler(fn) -> fn or None` (`keras_attn._device.eager_compiler`)."""
+    """Register `compiler(fn) -> fn or None`: the backend boundary's `eager_compiler`,
+    handed over by `keras_attn/__init__.py`."""
     global _eager_compiler
     _eager_compiler = compiler
     _compiled.cache_clear()
