@@ -333,7 +333,7 @@ def _compiled(fn, settings, **fixed):
 
 
 _eager_compiler = None
-_COMPILED = {}
+_COMPILED: dict = {}
 
 
 def set_eager_compiler(compiler):
