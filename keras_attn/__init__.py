@@ -43,11 +43,9 @@ from keras_attn.layers import causal_lm as _causal_lm  # noqa: E402  (isort: ski
 _causal_lm.set_step_tracer(_device.trace_step)
 # Eager attention calls on JAX (and the blockwise kernel's loops), compiled once per
 # shape and settings instead of op by op.
-from keras_attn import attention as _attention  # noqa: E402  (isort: skip)
-from keras_attn._kernels import blockwise as _blockwise  # noqa: E402  (isort: skip)
+from keras_attn._kernels import compiled as _compiled  # noqa: E402  (isort: skip)
 
-_attention.set_eager_compiler(_device.eager_compiler)
-_blockwise.set_eager_compiler(_device.eager_compiler)
+_compiled.set_eager_compiler(_device.eager_compiler)
 
 __version__ = "0.1.0"
 

@@ -18,7 +18,6 @@ layout, `fused_attention_bthd`) with the path that
 from `keras_attn._masks`.
 """
 
-import functools
 import math
 
 import keras
@@ -26,6 +25,7 @@ from keras import ops
 
 from keras_attn._kernels.blockwise import blockwise_attention
 from keras_attn._kernels.common import empty_attention, group_size, zero_unattended_keys
+from keras_attn._kernels.compiled import compiled
 from keras_attn._kernels.explicit import explicit_attention
 from keras_attn._kernels.fused import fused_attention, fused_attention_bthd
 from keras_attn._masks import combine_masks, positional_mask
@@ -303,45 +303,16 @@ def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale
                     return_attention_scores=bool(return_attention_scores),
                     sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
                     block_size=block)
-    if not (training and dropout_rate > 0.0):  # no random state: the call is a function
-        compiled = _compiled(_attend, settings, dropout_rate=0.0, seed=None, training=False)
-        if compiled is not None:
-            return compiled(query, key, value, mask, bias)
+    # On JAX an eager call is one compiled program per shape and settings
+    # (`keras_attn._kernels.compiled`). Not with active dropout (random state), and the
+    # block size is chosen above, because `keras_attn.config` can change it.
+    if not (training and dropout_rate > 0.0):
+        program = compiled(_attend, settings, _kernels_in_use(), dropout_rate=0.0, seed=None,
+                           training=False)
+        if program is not None:
+            return program(query, key, value, mask, bias)
     return _attend(query, key, value, mask, bias, dropout_rate=dropout_rate, seed=seed,
                    training=training, **settings)
-
-
-# Eager JAX compiles every op of a call once per new shape: about 1.4 s for an explicit
-# attention call of B=2, H=4, T=9 on 2 cores, against 0.3 s for the same call compiled
-# as one program (fused: 1.7 s against 0.4-0.6 s). The backend boundary registers a
-# compiler (`jax.jit` for concrete inputs, None elsewhere), and each set of static
-# settings keeps one compiled call. The kernels are part of the key, so that a test that
-# replaces one (a spy) is not answered by a program traced before it; the block size is
-# chosen outside, because `keras_attn.config` can change it between two calls.
-def _compiled(fn, settings, **fixed):
-    if _eager_compiler is None:
-        return None
-    if not all(v is None or isinstance(v, (bool, int, float, str)) for v in settings.values()):
-        return None
-    key = (fn, tuple(sorted(settings.items())), explicit_attention, fused_attention,
-           fused_attention_bthd, blockwise_attention)
-    if key not in _COMPILED:  # None too: a backend that compiles nothing eagerly
-        if len(_COMPILED) >= 256:
-            _COMPILED.clear()
-        _COMPILED[key] = _eager_compiler(functools.partial(fn, **fixed, **settings))
-    return _COMPILED[key]
-
-
-_eager_compiler = None
-_COMPILED: dict = {}
-
-
-def set_eager_compiler(compiler):
-    """Register `compiler(fn) -> fn or None`: the backend boundary's `eager_compiler`,
-    handed over by `keras_attn/__init__.py`."""
-    global _eager_compiler
-    _eager_compiler = compiler
-    _COMPILED.clear()
 
 
 def _attend(query, key, value, mask, bias, *, path, is_causal, scale, dropout_rate, seed,
@@ -421,14 +392,19 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
     if path == "fused" and 0 not in (T, S):
         # Keras's (B, T, H, d) layout: no transposes on our side.
         settings = dict(is_causal=is_causal, scale=scale, sliding_window=options.sliding_window)
-        compiled = _compiled(_fused_bthd, settings)
-        if compiled is not None:
-            return compiled(query, key, value, mask), None, False
+        program = compiled(_fused_bthd, settings, _kernels_in_use())
+        if program is not None:
+            return program(query, key, value, mask), None, False
         return _fused_bthd(query, key, value, mask, **settings), None, False
     query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
     attended = attend(path, query, key, value, **keywords)
     attended, scores = attended if return_attention_scores else (attended, None)
     return attended, scores, True
+
+
+def _kernels_in_use():
+    """The kernels a compiled call runs (looked up now: a test may replace one)."""
+    return (explicit_attention, fused_attention, fused_attention_bthd, blockwise_attention)
 
 
 def _fused_bthd(query, key, value, mask, *, is_causal, scale, sliding_window):

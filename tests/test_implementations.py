@@ -364,7 +364,7 @@ def test_eager_blockwise_calls_trace_once_per_shape_on_jax(monkeypatch):
     """On JAX a repeated eager call at one shape reuses one compiled program (before, each
     call traced and compiled its loops again, about 1 s a call); elsewhere nothing is
     compiled, so every call runs the kernel. Both give the reference's numbers."""
-    from keras_attn._kernels import blockwise
+    from keras_attn._kernels import blockwise, compiled
 
     traces = []
     inner = blockwise._blockwise
@@ -374,14 +374,13 @@ def test_eager_blockwise_calls_trace_once_per_shape_on_jax(monkeypatch):
         return inner(*args, **kwargs)
 
     monkeypatch.setattr(blockwise, "_blockwise", counted)
-    blockwise._compiled.cache_clear()
+    monkeypatch.setattr(compiled, "_CACHE", {})
     g, q, k, v = _inputs(7, 9, 9)
     want, _ = reference.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
     for _ in range(3):
         out = blockwise.blockwise_attention(q, k, v, is_causal=True, scale=0.5, block_size=4)
         assert_close(to_numpy(out), want, "float32")
     assert len(traces) == (1 if keras.backend.backend() == "jax" else 3)
-    blockwise._compiled.cache_clear()
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -391,6 +390,7 @@ def test_eager_attention_calls_trace_once_per_shape_on_jax(monkeypatch, path):
     at every call. A changed block size or a replaced kernel is not answered from a
     program traced before it."""
     from keras_attn import attention
+    from keras_attn._kernels import compiled
 
     traces = []
     inner = attention._attend
@@ -400,7 +400,7 @@ def test_eager_attention_calls_trace_once_per_shape_on_jax(monkeypatch, path):
         return inner(*args, **kwargs)
 
     monkeypatch.setattr(attention, "_attend", counted)
-    monkeypatch.setattr(attention, "_COMPILED", {})
+    monkeypatch.setattr(compiled, "_CACHE", {})
     g, q, k, v = _inputs(8, 9, 9)
     want, _ = reference.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
     for block in (4, 4, 8):

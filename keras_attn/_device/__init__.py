@@ -7,8 +7,8 @@ engine (the test suite, the parity runner, the benchmarks, the demo's
 only the active backend, and only when called. Three serve the library itself,
 handed over by `keras_attn/__init__.py` so that the policy, the kernels and the
 layers stay free of backend code: `execution_mode`, to the `auto` policy
-(`_policy.set_execution_probe`), `eager_compiler`, to the blockwise kernel
-(`blockwise.set_eager_compiler`), and `trace_step` (`traced_step.py`), to
+(`_policy.set_execution_probe`), `eager_compiler`, to the kernels' compiled eager
+calls (`_kernels.compiled.set_eager_compiler`), and `trace_step` (`traced_step.py`), to
 `CausalLM.generate` on PyTorch (`causal_lm.set_step_tracer`).
 """
 
@@ -272,9 +272,9 @@ def value_and_grad(fn, args):
 def eager_compiler(fn):
     """On JAX, `fn` compiled with `jax.jit` for concrete inputs; None elsewhere.
 
-    What `blockwise_attention` compiles its loops with, so that an eager call at a
-    shape seen before does not trace and compile them again (TensorFlow runs eager
-    loops in Python, PyTorch always does). Inputs that are tracers (inside `jax.jit`,
+    What eager attention calls and the blockwise loops are compiled with
+    (`keras_attn._kernels.compiled`), so that a call at a shape seen before does not
+    compile again op by op, nor trace the loops again. Inputs that are tracers (inside `jax.jit`,
     `jax.grad`, Keras's compiled steps) call `fn` itself, inlined as before: a
     `jax.jit` around the kernel's `custom_gradient` under `jax.grad` fails ("No
     constant handler for type: DynamicJaxprTracer").

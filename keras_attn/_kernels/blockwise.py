@@ -43,8 +43,6 @@ Fully masked rows give a zero output row (`l == 0`) and zero, finite
 gradients.
 """
 
-import functools
-
 import keras
 from keras import ops
 
@@ -57,6 +55,7 @@ from keras_attn._kernels.blocks import (
     _q_blocks,
 )
 from keras_attn._kernels.common import group_size
+from keras_attn._kernels.compiled import compiled
 from keras_attn._shapes import (
     broadcast_lead,
     pad_axis,
@@ -66,7 +65,7 @@ from keras_attn._shapes import (
     to_rank,
 )
 
-__all__ = ["blockwise_attention", "set_eager_compiler"]
+__all__ = ["blockwise_attention"]
 
 _NEG_INF = float("-inf")
 
@@ -321,31 +320,6 @@ def _pad_to_blocks(x, rank, g):
     return x
 
 
-# Eager JAX traces a loop's body anew at every call: the bodies above are closures made
-# per call, so `lax.scan` / `while_loop` found no cached trace and compiled every loop
-# again, about 1 s a call at a shape already seen (B=2, H=4, T=64, block 16: 1.48, 0.89,
-# 0.99, 1.15 s for four calls). The backend boundary registers a compiler (`jax.jit` on
-# JAX, None elsewhere) and each set of static settings keeps one compiled function, so a
-# repeated eager call costs a dispatch. Under an outer trace the compiled function is
-# inlined as before.
-_eager_compiler = None
-
-
-def set_eager_compiler(compiler):
-    """Register `compiler(fn) -> fn or None`: the backend boundary's `eager_compiler`,
-    handed over by `keras_attn/__init__.py`."""
-    global _eager_compiler
-    _eager_compiler = compiler
-    _compiled.cache_clear()
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(settings):
-    if _eager_compiler is None:
-        return None
-    return _eager_compiler(functools.partial(_blockwise, **dict(settings)))
-
-
 def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False,
                         scale=1.0, block_size=512, sliding_window=None, logit_soft_cap=None):
     """Memory-efficient attention over `(..., T, d)` tensors (see the module doc).
@@ -372,10 +346,11 @@ def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False
     """
     settings = dict(is_causal=is_causal, scale=scale, block_size=block_size,
                     sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
-    static = all(v is None or isinstance(v, (bool, int, float)) for v in settings.values())
-    compiled = _compiled(tuple(sorted(settings.items()))) if static else None
-    if compiled is not None:
-        return compiled(query, key, value, mask, bias)
+    # On JAX an eager call at a shape seen before reuses one compiled program
+    # (`keras_attn._kernels.compiled`): the loop bodies are closures made per call.
+    program = compiled(_blockwise, settings)
+    if program is not None:
+        return program(query, key, value, mask, bias)
     return _blockwise(query, key, value, mask, bias, **settings)
 
 
