@@ -23,7 +23,7 @@ import keras
 import numpy as np
 
 import keras_attn
-from keras_attn.testing.weights import randomize_weights, reference_params
+from keras_attn.testing.weights import randomize_weights
 
 from . import reference, shapes
 from .helpers import randn, rng
@@ -141,10 +141,6 @@ CASES = {
         keras_shapes={"inputs_shape": (B, T, 3, 4)}, expected_shape=(B, T, 3, 4),
         attends=False),
 }
-
-
-def params_of(layer):
-    return reference_params(layer)
 
 
 def functional_model(layer, arrays, call):

@@ -15,8 +15,9 @@ from keras.src.testing import TestCase
 
 import keras_attn
 from keras_attn._policy import observe_paths
+from keras_attn.testing.weights import reference_params
 
-from .harness import CASES, functional_model, params_of
+from .harness import CASES, functional_model
 from .helpers import UNCACHED, assert_close, to_numpy
 
 BACKEND = keras.backend.backend()
@@ -55,7 +56,7 @@ def test_case_matches_the_float64_reference_and_a_path_ran(name):
     layer, arrays = case.build(seed=3)
     with observe_paths() as taken:
         out = layer(**arrays, **case.call)
-    assert_close(out, case.reference(params_of(layer), arrays), what=name)
+    assert_close(out, case.reference(reference_params(layer), arrays), what=name)
     ran = set(taken) & PATHS
     if case.attends:
         assert ran, f"{name}: no attention path recorded ({dict(taken)})"
@@ -73,7 +74,7 @@ def test_case_predicts_the_same_after_a_keras_file_round_trip(name, tmp_path):
     model.save(path)
     reloaded = keras.saving.load_model(path)
     np.testing.assert_array_equal(to_numpy(reloaded.predict_on_batch(arrays)), before)
-    assert_close(before, case.reference(params_of(layer), arrays), what=f"{name} saved")
+    assert_close(before, case.reference(reference_params(layer), arrays), what=f"{name} saved")
 
 
 def _cached_call(case, layer, x, cache, start):
