@@ -13,7 +13,9 @@ Given as:
       variable paths are the default's) and the block's dtype policy;
     - a serialized layer (a dict from `keras.saving.serialize_keras_object`),
       as the block's `from_config` receives it.
-The block builds an unbuilt given layer in its own `build` by calling
+The block attaches the layer as `self_attention` / `feed_forward` in its
+own `build`, where the default would be made (so the weights come in the
+default's order), building an unbuilt one by calling
 `layer.build(inputs_shape)` with the block's input shape `(B, T, D)`, so the
 layer must create its weights there (a `.keras` file loads weights into the
 built layer). The block's `get_config` stores the layer
@@ -49,7 +51,18 @@ residual sum and `residual_scale`.
 
 import keras
 
-__all__ = ["build_given", "check_ignored", "given_sublayer"]
+__all__ = ["GivenSublayers", "build_given", "check_ignored", "given_sublayer"]
+
+
+class GivenSublayers:
+    """A block's given `attention` and `feed_forward` (or None) until its `build`.
+
+    A plain object: Keras tracks a layer held in a layer's attribute, and the
+    block attaches them itself in `build`, in the defaults' places.
+    """
+
+    def __init__(self, attention, feed_forward):
+        self.attention, self.feed_forward = attention, feed_forward
 
 
 def given_sublayer(argument, value, name, dtype):
@@ -96,6 +109,7 @@ def check_ignored(argument, what, received):
 
 
 def build_given(layer, inputs_shape):
-    """Build a given sublayer for the block's input shape, unless it is built."""
+    """`layer`, built for the block's input shape unless it is built."""
     if not layer.built:
         layer.build(inputs_shape)
+    return layer

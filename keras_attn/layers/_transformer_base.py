@@ -9,7 +9,12 @@ from keras_attn._typing import Initializer
 from keras_attn._validation import check_dropout, check_positive_float, check_positive_int
 from keras_attn.layers import _keras_compat as compat
 from keras_attn.layers._common import clone_initializer
-from keras_attn.layers._sublayers import build_given, check_ignored, given_sublayer
+from keras_attn.layers._sublayers import (
+    GivenSublayers,
+    build_given,
+    check_ignored,
+    given_sublayer,
+)
 from keras_attn.layers.feed_forward import PositionwiseFeedForward
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.options import FIELDS, AttentionOptions, pop_options
@@ -150,13 +155,12 @@ class TransformerLayerBase(keras.layers.Layer):
                         else options.for_heads(self.num_heads, self.key_dim))
         self.residual_scale = check_positive_float("residual_scale", residual_scale,
                                                    allow_none=True)
-        # Made now, so that the block's config holds them before it is built.
-        if self._attention_given:
-            self.self_attention = given_sublayer("attention", attention, "self_attention",
-                                                 self.dtype_policy)
-        if self._feed_forward_given:
-            self.feed_forward = given_sublayer("feed_forward", feed_forward, "feed_forward",
-                                               self.dtype_policy)
+        # Made now (the config holds them before the block is built), and attached as
+        # `self_attention` / `feed_forward` in `build`, where the defaults are: the block's
+        # weights then come in the default's order (`get_weights`, `set_weights`).
+        self._given = GivenSublayers(
+            given_sublayer("attention", attention, "self_attention", self.dtype_policy),
+            given_sublayer("feed_forward", feed_forward, "feed_forward", self.dtype_policy))
         self.supports_masking = True
 
     def _head_dim(self, model_dim):
@@ -201,7 +205,7 @@ class TransformerLayerBase(keras.layers.Layer):
         """`self_attention`, `self_attention_norm`, `self_attention_dropout` (and
         `post_attention_norm` with `use_post_attention_norm`)."""
         if self._attention_given:
-            build_given(self.self_attention, inputs_shape)
+            self.self_attention = build_given(self._given.attention, inputs_shape)
         else:
             self.self_attention = self._attention(
                 "self_attention", inputs_shape[-1], inputs_shape, inputs_shape)
@@ -214,7 +218,7 @@ class TransformerLayerBase(keras.layers.Layer):
         """`feed_forward`, `feed_forward_norm`, `feed_forward_dropout` (and
         `post_feed_forward_norm` with `use_post_ffw_norm`)."""
         if self._feed_forward_given:
-            build_given(self.feed_forward, inputs_shape)
+            self.feed_forward = build_given(self._given.feed_forward, inputs_shape)
         else:
             self.feed_forward = self._feed_forward(inputs_shape)
         self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
@@ -336,11 +340,11 @@ class TransformerLayerBase(keras.layers.Layer):
             dropped = FIELDS if self._has_cross_attention else (*FIELDS, *_ATTENTION_ARGUMENTS)
             for key in dropped:
                 config.pop(key, None)
-            config["attention"] = keras.saving.serialize_keras_object(self.self_attention)
+            config["attention"] = keras.saving.serialize_keras_object(self._given.attention)
         if self._feed_forward_given:
             for key in _FEED_FORWARD_ARGUMENTS:
                 config.pop(key)
-            config["feed_forward"] = keras.saving.serialize_keras_object(self.feed_forward)
+            config["feed_forward"] = keras.saving.serialize_keras_object(self._given.feed_forward)
         if self.residual_scale is not None:
             config["residual_scale"] = self.residual_scale
         return config

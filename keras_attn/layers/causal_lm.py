@@ -11,7 +11,6 @@ from keras_attn._validation import check_positive_float, check_positive_int, con
 from keras_attn.cache import empty_cache
 from keras_attn.generation import _check_temperature, _stop_token_ids, check_generated
 from keras_attn.generation import generate as generate_tokens
-from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
 
 __all__ = ["CausalLM"]
 
@@ -27,6 +26,20 @@ def _check_token_ids(name, token_ids):
             f"`{name}` must be integer token ids of shape (B, T). Received: "
             f"{name}.shape={shape}, {name}.dtype={dtype}")
     return token_ids
+
+
+def _built_width(block):
+    """The width D a built block takes, or None where it cannot be read.
+
+    The default self-attention's query kernel `(D, H d)`; else the shape the
+    block was built with (Keras records it), whatever its sublayers.
+    """
+    dense = getattr(getattr(block, "self_attention", None), "query_dense", None)
+    if getattr(dense, "kernel", None) is not None:
+        return tuple(dense.kernel.shape)[0]
+    config = block.get_build_config() or {}
+    shape = config.get("input_shape") or next(iter(config.get("shapes_dict", {}).values()), None)
+    return shape[-1] if shape else None
 
 
 class _GenerateLoop(keras.Model):
@@ -123,11 +136,24 @@ class CausalLM(keras.Model):
     times `embedding_scale` if set (Gemma: `sqrt(D)`, the multiplier cast to
     the compute dtype first, as Hugging Face does); each of the `blocks` (a
     causal, decoder-only `keras_attn.TransformerDecoderLayer` without
-    memory; each keeps its own window, RoPE and options); `final_norm`
-    (`normalization`, `layer_norm_epsilon`); the head: the embedding matrix
-    transposed (`tie_word_embeddings=True`) or `lm_head`, a `Dense(V)`
-    without bias; and, if `final_logit_soft_cap` c is set,
-    `c * tanh(logits / c)` (Gemma 2). Positions are `0 .. T - 1`.
+    memory, with any `attention=` and `feed_forward=`; each keeps its own
+    window, RoPE and options); `final_norm` (`normalization`,
+    `layer_norm_epsilon`); the head: the embedding matrix transposed
+    (`tie_word_embeddings=True`) or `lm_head`, a `Dense(V)` without bias;
+    divided by `logits_scaling` if set (Granite); and, if
+    `final_logit_soft_cap` c is set, `c * tanh(logits / c)` (Gemma 2), on
+    the scaled logits. Positions are `0 .. T - 1`.
+
+    A block is any `keras.layers.Layer` that keeps this contract (which
+    `TransformerDecoderLayer` keeps, whatever its sublayers):
+    `block(x, use_causal_mask=True)` maps `(B, T, D)` to `(B, T, D)`; it is
+    built with `block.build((None, None, D))` if it is not built; and for
+    `generate`, `block(x, self_attention_cache=c,
+    self_attention_cache_update_index=i)` returns `(y, new_c)` with `c` from
+    `keras_attn.empty_cache(block, B, L)` (which needs the block's
+    `self_attention` to be a `keras_attn.MultiHeadAttention` or to expose its
+    `num_key_value_heads` and `key_dim`). A model of blocks without such a
+    cache is called on whole sequences; `generate` raises a `ValueError`.
 
     Shapes: B batch, T length, V `vocabulary_size`, D `hidden_dim`, P the
     prompt length and L the generated length (`max_length`).
@@ -138,9 +164,10 @@ class CausalLM(keras.Model):
     Args:
         vocabulary_size: V.
         hidden_dim: D, the width of the embedding and of every block.
-        blocks: the `keras_attn.TransformerDecoderLayer`s, in order (or
-            their serialized configs). A built block must be built for
-            `(..., D)` without memory; an unbuilt one is built here.
+        blocks: the `keras_attn.TransformerDecoderLayer`s (or other layers
+            keeping the contract above), in order, or their serialized
+            configs. A built block must be built for `(..., D)` without
+            memory; an unbuilt one is built here.
         normalization: `"rms"` (`keras.layers.RMSNormalization`) or
             `"layer"` (`keras.layers.LayerNormalization`): the final norm.
         layer_norm_epsilon: the final norm's epsilon (> 0).
@@ -150,6 +177,10 @@ class CausalLM(keras.Model):
             None for none.
         final_logit_soft_cap: c > 0, or None: the logits become
             `c * tanh(logits / c)`.
+        logits_scaling: s > 0, or None: the head's logits are divided by s
+            (transformers' Granite `logits_scaling`, which has no soft-cap;
+            here the cap, if any, applies after the division). In the config
+            only when set.
         **kwargs: `name`, `dtype` and the other arguments of `keras.Model`.
 
     Call arguments:
@@ -177,10 +208,11 @@ class CausalLM(keras.Model):
     """
 
     def __init__(self, vocabulary_size: int, hidden_dim: int,
-                 blocks: Sequence[TransformerDecoderLayer | dict], *,
+                 blocks: Sequence[keras.layers.Layer | dict], *,
                  normalization: str = "rms", layer_norm_epsilon: float = 1e-6,
                  tie_word_embeddings: bool = True, embedding_scale: float | None = None,
-                 final_logit_soft_cap: float | None = None, **kwargs) -> None:
+                 final_logit_soft_cap: float | None = None,
+                 logits_scaling: float | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size = check_positive_int("vocabulary_size", vocabulary_size)
         self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
@@ -194,15 +226,18 @@ class CausalLM(keras.Model):
             "embedding_scale", embedding_scale, allow_none=True)
         self.final_logit_soft_cap = check_positive_float(
             "final_logit_soft_cap", final_logit_soft_cap, allow_none=True)
+        self.logits_scaling = check_positive_float(
+            "logits_scaling", logits_scaling, allow_none=True)
         if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) or not blocks:
             raise ValueError("`blocks` must be a non-empty list of "
                              f"keras_attn.TransformerDecoderLayer. Received: blocks={blocks!r}")
         self.blocks = [keras.saving.deserialize_keras_object(b) if isinstance(b, dict) else b
                        for b in blocks]
         for i, block in enumerate(self.blocks):
-            if not isinstance(block, TransformerDecoderLayer):
+            if not isinstance(block, keras.layers.Layer):
                 raise ValueError(
-                    "`blocks` must hold keras_attn.TransformerDecoderLayer instances. "
+                    "`blocks` must hold keras layers (keras_attn.TransformerDecoderLayer, or a "
+                    "layer keeping its decoder-block contract). "
                     f"Received: blocks[{i}] of type {type(block).__name__}")
             if block.built and getattr(block, "has_memory", False):
                 raise ValueError(
@@ -224,10 +259,10 @@ class CausalLM(keras.Model):
         for i, block in enumerate(self.blocks):
             if not block.built:
                 block.build(hidden_shape)
-            elif tuple(block.self_attention.query_dense.kernel.shape)[0] != self.hidden_dim:
+            elif _built_width(block) not in (None, self.hidden_dim):
                 raise ValueError(
                     f"`blocks[{i}]` ('{block.name}') was built for inputs of width "
-                    f"{block.self_attention.query_dense.kernel.shape[0]}, not hidden_dim="
+                    f"{_built_width(block)}, not hidden_dim="
                     f"{self.hidden_dim}. Received: hidden_dim={self.hidden_dim}")
         self.final_norm.build(hidden_shape)
         if self.lm_head is not None:
@@ -247,6 +282,8 @@ class CausalLM(keras.Model):
             logits = ops.matmul(x, ops.transpose(kernel))
         else:
             logits = self.lm_head(x)
+        if self.logits_scaling is not None:
+            logits = logits / ops.cast(self.logits_scaling, logits.dtype)
         if self.final_logit_soft_cap is not None:
             cap = ops.cast(self.final_logit_soft_cap, logits.dtype)
             logits = cap * ops.tanh(logits / cap)
@@ -373,6 +410,8 @@ class CausalLM(keras.Model):
             "embedding_scale": self.embedding_scale,
             "final_logit_soft_cap": self.final_logit_soft_cap,
         })
+        if self.logits_scaling is not None:  # absent when unset: the config stays today's
+            config["logits_scaling"] = self.logits_scaling
         return config
 
     @classmethod
