@@ -109,7 +109,7 @@ _ABSENT = "absent"  # a default no caller passes: what the block left out stays 
 
 
 class _Recording(MeanAttention):
-    calls = []  # noqa: RUF012  (the keywords each call received, read by the test)
+    calls: list = []  # the keywords each call received, read by the test
 
     def call(self, query, use_causal_mask=_ABSENT, training=None, attention_mask=_ABSENT,
              value_mask=_ABSENT, return_attention_scores=_ABSENT, cache=_ABSENT,
