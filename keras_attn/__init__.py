@@ -21,12 +21,12 @@ from keras_attn.attention import (
 from keras_attn.cache import empty_cache
 from keras_attn.generation import generate
 from keras_attn.layers import (
-    CausalLM,
     MultiHeadAttention,
     PositionwiseFeedForward,
     TransformerDecoderLayer,
     TransformerEncoderLayer,
 )
+from keras_attn.models import CausalLM
 from keras_attn.options import AttentionOptions
 from keras_attn.rotary import RotaryEmbedding, rotary_embedding
 
@@ -38,7 +38,7 @@ from keras_attn import _device, _policy  # noqa: E402  (isort: skip)
 _policy.set_execution_probe(_device.execution_mode)
 # `CausalLM.generate` on PyTorch replays its decoding step from a traced graph; the
 # tracer is backend code too.
-from keras_attn.layers import causal_lm as _causal_lm  # noqa: E402  (isort: skip)
+from keras_attn.models import causal_lm as _causal_lm  # noqa: E402  (isort: skip)
 
 _causal_lm.set_step_tracer(_device.trace_step)
 # Eager attention calls on JAX (and the blockwise kernel's loops), compiled once per

@@ -31,9 +31,9 @@ import numpy as np
 from keras_attn.convert import _common
 from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
 from keras_attn.layers._common import gelu_approximate
-from keras_attn.layers.causal_lm import CausalLM
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
+from keras_attn.models.causal_lm import CausalLM
 
 __all__ = ["causal_lm_from_transformers", "family_table",
            "multi_head_attention_from_transformers",

@@ -3,16 +3,33 @@
 from collections.abc import Callable
 
 import keras
+from keras import ops
 
 from keras_attn._typing import Initializer
-from keras_attn._validation import check_dropout, check_positive_int
+from keras_attn._validation import check_dropout, check_positive_float, check_positive_int
 from keras_attn.layers import _keras_compat as compat
 from keras_attn.layers._common import clone_initializer
+from keras_attn.layers._sublayers import (
+    GivenSublayers,
+    build_given,
+    check_ignored,
+    given_sublayer,
+)
 from keras_attn.layers.feed_forward import PositionwiseFeedForward
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
-from keras_attn.options import pop_options
+from keras_attn.options import FIELDS, AttentionOptions, pop_options
 
 __all__ = ["TransformerLayerBase"]
+
+# The flat arguments that only configure the default sublayers, with their defaults: a
+# given `attention=` (`feed_forward=`) makes them meaningless. The first group also
+# configures a decoder's cross-attention, which stays the default.
+_ATTENTION_ARGUMENTS = {"num_heads": None, "key_dim": None, "implementation": "auto",
+                        "attention_dropout": 0.0, "attention_use_bias": None,
+                        "attention_output_use_bias": None}
+_FEED_FORWARD_ARGUMENTS = {"intermediate_dim": None, "activation": "relu",
+                           "gated_feed_forward": False, "feed_forward_use_bias": None}
+_DEFAULT_OPTIONS = AttentionOptions().get_config()
 
 
 class TransformerLayerBase(keras.layers.Layer):
@@ -20,11 +37,19 @@ class TransformerLayerBase(keras.layers.Layer):
 
     Shapes: B batch, T length, D model width (the input's last dim),
     H `num_heads`, F `intermediate_dim`.
+
+    `attention=` and `feed_forward=` (a layer or a factory, see
+    `keras_attn.layers._sublayers` for the contract) replace the default
+    sublayers; `residual_scale` multiplies every residual branch.
     """
+
+    # Whether the block has a default cross-attention that the attention arguments other
+    # than the self-attention's options still configure (the decoder's).
+    _has_cross_attention = False
 
     def __init__(
         self,
-        num_heads: int,
+        num_heads: int | None = None,
         *args,
         intermediate_dim: int | None = None,
         key_dim: int | None = None,
@@ -51,6 +76,9 @@ class TransformerLayerBase(keras.layers.Layer):
         feed_forward_use_bias: bool | None = None,
         use_post_attention_norm: bool = False,
         use_post_ffw_norm: bool = False,
+        attention: keras.layers.Layer | Callable | dict | None = None,
+        feed_forward: keras.layers.Layer | Callable | dict | None = None,
+        residual_scale: float | None = None,
         **kwargs,
     ) -> None:
         if args:
@@ -69,8 +97,29 @@ class TransformerLayerBase(keras.layers.Layer):
             rope_interleaved=rope_interleaved, sliding_window=sliding_window,
             logit_soft_cap=logit_soft_cap, qk_norm=qk_norm)
         super().__init__(**kwargs)
-        self.num_heads = check_positive_int("num_heads", num_heads)
-        self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
+        self._attention_given = attention is not None
+        self._feed_forward_given = feed_forward is not None
+        if self._attention_given:
+            flat = {} if self._has_cross_attention else {
+                "num_heads": num_heads, "key_dim": key_dim, "implementation": implementation,
+                "attention_dropout": attention_dropout, "attention_use_bias": attention_use_bias,
+                "attention_output_use_bias": attention_output_use_bias}
+            check_ignored("attention", "self-attention", {
+                **{k: v for k, v in flat.items() if v != _ATTENTION_ARGUMENTS[k]},
+                **{k: v for k, v in options.get_config().items() if v != _DEFAULT_OPTIONS[k]}})
+        if self._feed_forward_given:
+            flat = {"intermediate_dim": intermediate_dim, "gated_feed_forward": gated_feed_forward,
+                    "feed_forward_use_bias": feed_forward_use_bias}
+            ignored = {k: v for k, v in flat.items() if v != _FEED_FORWARD_ARGUMENTS[k]}
+            if keras.activations.get(activation) is not keras.activations.get("relu"):
+                ignored["activation"] = activation  # "relu" by any spelling is the default
+            check_ignored("feed_forward", "feed-forward", ignored)
+        # With a given attention the block may have no heads of its own (an encoder, or a
+        # decoder without memory); a decoder built with memory needs them then.
+        self.num_heads = check_positive_int("num_heads", num_heads,
+                                            allow_none=self._attention_given)
+        self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim,
+                                                   allow_none=self._feed_forward_given)
         self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
         self.dropout = check_dropout("dropout", dropout)
         self.activation = keras.activations.get(activation)
@@ -101,7 +150,17 @@ class TransformerLayerBase(keras.layers.Layer):
         self.gated_feed_forward = bool(gated_feed_forward)
         self.implementation = compat.implementation_from_config(implementation)
         self.attention_dropout = check_dropout("attention_dropout", attention_dropout)
-        self.options = options.for_heads(self.num_heads, self.key_dim)
+        # A given attention keeps its own options: these stay the (unused) defaults.
+        self.options = (options if self._attention_given
+                        else options.for_heads(self.num_heads, self.key_dim))
+        self.residual_scale = check_positive_float("residual_scale", residual_scale,
+                                                   allow_none=True)
+        # Made now (the config holds them before the block is built), and attached as
+        # `self_attention` / `feed_forward` in `build`, where the defaults are: the block's
+        # weights then come in the default's order (`get_weights`, `set_weights`).
+        self._given = GivenSublayers(
+            given_sublayer("attention", attention, "self_attention", self.dtype_policy),
+            given_sublayer("feed_forward", feed_forward, "feed_forward", self.dtype_policy))
         self.supports_masking = True
 
     def _head_dim(self, model_dim):
@@ -145,8 +204,11 @@ class TransformerLayerBase(keras.layers.Layer):
     def _build_self_attention(self, inputs_shape):
         """`self_attention`, `self_attention_norm`, `self_attention_dropout` (and
         `post_attention_norm` with `use_post_attention_norm`)."""
-        self.self_attention = self._attention(
-            "self_attention", inputs_shape[-1], inputs_shape, inputs_shape)
+        if self._attention_given:
+            self.self_attention = build_given(self._given.attention, inputs_shape)
+        else:
+            self.self_attention = self._attention(
+                "self_attention", inputs_shape[-1], inputs_shape, inputs_shape)
         self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
         self.post_attention_norm = self._post_norm(
             self.use_post_attention_norm, "post_attention_norm", inputs_shape)
@@ -155,7 +217,10 @@ class TransformerLayerBase(keras.layers.Layer):
     def _build_feed_forward(self, inputs_shape):
         """`feed_forward`, `feed_forward_norm`, `feed_forward_dropout` (and
         `post_feed_forward_norm` with `use_post_ffw_norm`)."""
-        self.feed_forward = self._feed_forward(inputs_shape)
+        if self._feed_forward_given:
+            self.feed_forward = build_given(self._given.feed_forward, inputs_shape)
+        else:
+            self.feed_forward = self._feed_forward(inputs_shape)
         self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
         self.post_feed_forward_norm = self._post_norm(
             self.use_post_ffw_norm, "post_feed_forward_norm", inputs_shape)
@@ -188,21 +253,29 @@ class TransformerLayerBase(keras.layers.Layer):
         layer.build(input_shape)
         return layer
 
+    def _score_heads(self, attention):
+        """The head axis of `attention`'s scores: its `num_heads`, else the block's."""
+        return getattr(attention, "num_heads", None) or self.num_heads
+
     @staticmethod
     def _attention_fn(layer, key, key_mask, attention_mask, causal, training, scores,
                       cache=None, cache_update_index=None):
         """`x -> (y, scores or None, new cache or None)` of `layer(x, key, ...)`.
 
-        `scores`: whether to ask for the attention weights.
+        `scores`: whether to ask for the attention weights. Only the arguments
+        that apply to this call are passed (the contract in `_sublayers`), so a
+        given attention layer need not know what the block does not use.
         """
 
         def attend(x):
-            kwargs = {}
+            kwargs = {"use_causal_mask": causal, "training": training}
+            extras = {"value": key, "attention_mask": attention_mask, "value_mask": key_mask}
+            kwargs.update({k: v for k, v in extras.items() if v is not None})
+            if scores:
+                kwargs["return_attention_scores"] = True
             if cache is not None:
-                kwargs = {"cache": cache, "cache_update_index": cache_update_index}
-            result = layer(x, value=key, attention_mask=attention_mask, use_causal_mask=causal,
-                           return_attention_scores=scores, training=training,
-                           value_mask=key_mask, **kwargs)
+                kwargs.update(cache=cache, cache_update_index=cache_update_index)
+            result = layer(x, **kwargs)
             result = result if isinstance(result, tuple) else (result,)
             return (result[0], result[1] if scores else None,
                     result[-1] if cache is not None else None)
@@ -210,7 +283,9 @@ class TransformerLayerBase(keras.layers.Layer):
         return attend
 
     def _residual(self, x, sublayer, norm, dropout, training, post_norm=None):
-        """post-LN: norm(x + drop(f(x))); pre-LN: x + drop(f(norm(x))).
+        """post-LN: norm(x + s drop(f(x))); pre-LN: x + s drop(f(norm(x))).
+
+        `s` is `residual_scale` (absent when None: no multiplication at all).
 
         With `post_norm` (the "sandwich" of Gemma 2 and 3, OLMo 2) `f(.)`
         becomes `post_norm(f(.))`. `sublayer` returns `(y, *extras)`
@@ -223,7 +298,11 @@ class TransformerLayerBase(keras.layers.Layer):
         y, extras = (y[0], y[1:]) if isinstance(y, tuple) else (y, ())
         if post_norm is not None:
             y = post_norm(y)
-        x = dropout(y, training=training) + residual
+        y = dropout(y, training=training)
+        if self.residual_scale is not None:
+            # Granite's `residual_multiplier`: x + s * f(.), in the compute dtype.
+            y = y * ops.cast(self.residual_scale, y.dtype)
+        x = y + residual
         if not self.normalize_first:
             x = norm(x)
         return x, extras
@@ -256,4 +335,16 @@ class TransformerLayerBase(keras.layers.Layer):
             "use_post_attention_norm": self.use_post_attention_norm,
             "use_post_ffw_norm": self.use_post_ffw_norm,
         })
+        # The new arguments appear only when set, so a default block's config is today's.
+        if self._attention_given:
+            dropped = FIELDS if self._has_cross_attention else (*FIELDS, *_ATTENTION_ARGUMENTS)
+            for key in dropped:
+                config.pop(key, None)
+            config["attention"] = keras.saving.serialize_keras_object(self._given.attention)
+        if self._feed_forward_given:
+            for key in _FEED_FORWARD_ARGUMENTS:
+                config.pop(key)
+            config["feed_forward"] = keras.saving.serialize_keras_object(self._given.feed_forward)
+        if self.residual_scale is not None:
+            config["residual_scale"] = self.residual_scale
         return config

@@ -34,7 +34,14 @@ class TransformerDecoderLayer(TransformerLayerBase):
     `gated_feed_forward`, `implementation` and `attention_dropout` (both
     attention sublayers), the biases per projection `attention_use_bias`,
     `attention_output_use_bias`, `feed_forward_use_bias`, and the sandwich
-    norms `use_post_attention_norm`, `use_post_ffw_norm`.
+    norms `use_post_attention_norm`, `use_post_ffw_norm`; `attention`,
+    `feed_forward` and `residual_scale` as there too. A given `attention` is
+    the self-attention (it receives the `self_attention_cache` as `cache`);
+    the cross-attention stays the default `MultiHeadAttention`, so `num_heads`,
+    `key_dim`, `implementation`, `attention_dropout` and the attention biases
+    still configure it (`num_heads` is needed only for a block built with
+    memory), while the `AttentionOptions` fields, the self-attention's, must
+    be left at their defaults.
 
     Sublayers: `self_attention`, `self_attention_norm`, `cross_attention`,
     `cross_attention_norm` (only with memory), `feed_forward`,
@@ -109,10 +116,17 @@ class TransformerDecoderLayer(TransformerLayerBase):
     ((2, 1, 32), (2, 2, 8, 2, 8))
     """
 
+    _has_cross_attention = True
+
     def build(self, inputs_shape, memory_shape=None):
         inputs_shape = check_rank("inputs", inputs_shape, 3, "(B, T, D)")
         model_dim = inputs_shape[-1]
         self.has_memory = memory_shape is not None
+        if self.has_memory and self.num_heads is None:
+            raise ValueError(
+                f"Layer '{self.name}' is built with `memory`: its default cross-attention "
+                "needs `num_heads` (a given `attention` is the self-attention only). "
+                f"Received: num_heads=None, memory_shape={tuple(memory_shape)}")
         self._build_self_attention(inputs_shape)
         if self.has_memory:
             memory_shape = check_rank("memory", memory_shape, 3, "(B, S, D_m)")
@@ -230,11 +244,12 @@ class TransformerDecoderLayer(TransformerLayerBase):
         B, T = inputs.shape[0], inputs.shape[1]
         results = [keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)]
         if return_attention_scores:
-            caches = ((self_attention_cache, inputs), (cross_attention_cache, memory))
-            for cache, keys in caches[:1 + self.has_memory]:
+            caches = ((self_attention_cache, inputs, self._score_heads(self.self_attention)),
+                      (cross_attention_cache, memory, self.num_heads))
+            for cache, keys, heads in caches[:1 + self.has_memory]:
                 S = cache.shape[2] if cache is not None else keys.shape[1]
                 results.append(
-                    keras.KerasTensor((B, self.num_heads, T, S), dtype=self.compute_dtype))
+                    keras.KerasTensor((B, heads, T, S), dtype=self.compute_dtype))
         for cache in (self_attention_cache, cross_attention_cache):
             if cache is not None:
                 results.append(keras.KerasTensor(cache.shape, dtype=cache.dtype))

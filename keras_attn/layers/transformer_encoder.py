@@ -58,6 +58,33 @@ class TransformerEncoderLayer(TransformerLayerBase):
             (None: as `attention_use_bias`).
         feed_forward_use_bias: bias on the feed-forward's dense layers
             (None: `use_bias`).
+        attention: another self-attention layer instead of the default
+            `keras_attn.MultiHeadAttention`: a `keras.layers.Layer`, or a
+            factory `attention(name="self_attention", dtype=<the block's
+            policy>)` called once here that returns one. Its call contract
+            (`query`, `use_causal_mask`, `training`, and when they apply
+            `attention_mask`, `value_mask`, `return_attention_scores`, `cache`,
+            `cache_update_index`) is documented in
+            `keras_attn.layers._sublayers`. With it, the default's arguments
+            (`num_heads`, `key_dim`, `implementation`, `attention_dropout`,
+            `attention_use_bias`, `attention_output_use_bias` and the
+            `AttentionOptions` fields) must be left at their defaults (a
+            `ValueError` names those set); `num_heads` is then optional.
+            Serialized in the config (`keras.saving.serialize_keras_object`),
+            so its class must be registered for a `.keras` file.
+        feed_forward: another feed-forward layer instead of
+            `PositionwiseFeedForward`, a layer or a factory
+            `feed_forward(name="feed_forward", dtype=...)`, called as
+            `feed_forward(x, training=...)` on `(B, T, D)` (a mixture of
+            experts, say). With it, `intermediate_dim`, `activation`,
+            `gated_feed_forward` and `feed_forward_use_bias` must be left at
+            their defaults. An unbuilt given layer is built here with
+            `layer.build((B, T, D))`.
+        residual_scale: s > 0 or None: every residual branch is multiplied
+            by s before the sum, `x + s * Drop(f(N(x)))` pre-LN and
+            `N(x + s * Drop(f(x)))` post-LN (Granite's `residual_multiplier`).
+            None (default) multiplies nothing; it is in the config only when
+            set.
         use_post_attention_norm, use_post_ffw_norm: keras-hub's Gemma names:
             also normalise the attention's (feed-forward's) output before the
             residual add, `x = x + Drop(N_post(f(N(x))))` with pre-LN (Gemma 2
@@ -66,8 +93,9 @@ class TransformerEncoderLayer(TransformerLayerBase):
             `post_feed_forward_norm`, of the kind `normalization` says.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
-    Sublayers: `self_attention` (`keras_attn.MultiHeadAttention`),
-    `self_attention_norm`, `feed_forward` (`PositionwiseFeedForward`),
+    Sublayers: `self_attention` (`keras_attn.MultiHeadAttention`, or the given
+    `attention`),
+    `self_attention_norm`, `feed_forward` (`PositionwiseFeedForward`, or the given one),
     `feed_forward_norm` (`LayerNormalization`), and the dropouts
     `self_attention_dropout`, `feed_forward_dropout`.
 
@@ -112,7 +140,8 @@ class TransformerEncoderLayer(TransformerLayerBase):
         if not return_attention_scores:
             return output
         B, T = inputs.shape[0], inputs.shape[1]
-        return output, keras.KerasTensor((B, self.num_heads, T, T), dtype=self.compute_dtype)
+        heads = self._score_heads(self.self_attention)
+        return output, keras.KerasTensor((B, heads, T, T), dtype=self.compute_dtype)
 
     def call(
         self,

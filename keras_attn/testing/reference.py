@@ -258,21 +258,24 @@ def _norm(x, params, epsilon):
     return layer_norm(x, params, epsilon)
 
 
-def _sublayer(x, fn, norm_params, epsilon, normalize_first, post_params=None):
+def _sublayer(x, fn, norm_params, epsilon, normalize_first, post_params=None,
+              residual_scale=None):
     """Residual around `fn`, post-norm (paper) or pre-norm; with `post_params`
-    `fn`'s output is normalised too before the sum (sandwich norms)."""
+    `fn`'s output is normalised too before the sum (sandwich norms); with
+    `residual_scale` s the branch is `s * fn(.)` (Granite's residual multiplier)."""
     if post_params is not None:
         inner = fn
         fn = lambda h: _norm(inner(h), post_params, epsilon)  # noqa: E731
+    s = 1.0 if residual_scale is None else float(residual_scale)
     if normalize_first:
-        return x + fn(_norm(x, norm_params, epsilon))
-    return _norm(x + fn(x), norm_params, epsilon)
+        return x + s * fn(_norm(x, norm_params, epsilon))
+    return _norm(x + s * fn(x), norm_params, epsilon)
 
 
 def encoder_layer(
     params, x, num_heads, padding_mask=None, attention_mask=None,
     is_causal=False, normalize_first=False, epsilon=1e-5,
-    activation_name="relu", attention_options=None,
+    activation_name="relu", attention_options=None, residual_scale=None,
 ):
     """Encoder layer: self-attention then FFN, each residual + norm.
 
@@ -286,14 +289,15 @@ def encoder_layer(
     return decoder_layer(
         params, x, num_heads, padding_mask=padding_mask, attention_mask=attention_mask,
         is_causal=is_causal, normalize_first=normalize_first, epsilon=epsilon,
-        activation_name=activation_name, attention_options=attention_options)
+        activation_name=activation_name, attention_options=attention_options,
+        residual_scale=residual_scale)
 
 
 def decoder_layer(
     params, x, num_heads, memory=None, padding_mask=None,
     memory_padding_mask=None, attention_mask=None, memory_attention_mask=None,
     is_causal=True, normalize_first=False, epsilon=1e-5,
-    activation_name="relu", attention_options=None,
+    activation_name="relu", attention_options=None, residual_scale=None,
 ):
     """Decoder layer: causal self-attention, cross-attention, FFN.
 
@@ -302,6 +306,7 @@ def decoder_layer(
     `post_attention_norm`, `post_cross_attention_norm`,
     `post_feed_forward_norm` when present. `attention_options` go to
     the self-attention only; cross-attention stays plain multi-head.
+    `residual_scale` s multiplies every residual branch.
     """
     x = np.asarray(x, np.float64)
     T = x.shape[1]
@@ -314,7 +319,7 @@ def decoder_layer(
         )[0]
 
     x = _sublayer(x, attend, params["self_attention_norm"], epsilon,
-                  normalize_first, params.get("post_attention_norm"))
+                  normalize_first, params.get("post_attention_norm"), residual_scale)
     if memory is not None:
         memory = np.asarray(memory, np.float64)
         cross_mask = _attention_mask(memory_padding_mask, memory_attention_mask, T)
@@ -326,7 +331,7 @@ def decoder_layer(
             )[0]
 
         x = _sublayer(x, cross, params["cross_attention_norm"], epsilon,
-                      normalize_first, params.get("post_cross_attention_norm"))
+                      normalize_first, params.get("post_cross_attention_norm"), residual_scale)
     ffn = lambda h: feed_forward(params["feed_forward"], h, activation_name)  # noqa: E731
     return _sublayer(x, ffn, params["feed_forward_norm"], epsilon,
-                     normalize_first, params.get("post_feed_forward_norm"))
+                     normalize_first, params.get("post_feed_forward_norm"), residual_scale)
