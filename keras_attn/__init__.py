@@ -5,70 +5,76 @@ They run unchanged on the TensorFlow, JAX and PyTorch backends of Keras 3
 
 The top level holds what a model is built and run with, as keras-hub's does:
 the layers, the functional core and its masks, `AttentionOptions`, the cache
-(`empty_cache`) and `generate`. Tools live in submodules: `config` (the
-settings a user sets), `convert` (weights in), `distribution` (layout maps for
-`keras.distribution`), `cache`, `generation`, `options`.
+(`empty_cache`), `generate` and `observe_paths`. Tools live in submodules:
+`config` (the settings a user sets), `convert` (weights in), `distribution`
+(layout maps for `keras.distribution`), `cache`, `generation`, `options`,
+`models`, `layers`.
+
+The face is lazy (PEP 562): `import keras_attn` imports neither Keras nor a
+backend; a name is imported when it is first used (`keras_attn.MultiHeadAttention`),
+which is what lets the `keras-attn` command (`keras_attn.cli`) start without one.
+When Keras is already imported, `import keras_attn` imports the layers at once, so
+that `import keras; import keras_attn; keras.saving.load_model(path)` finds them
+registered for deserialisation (Keras imports a saved layer's module only for its
+own packages); otherwise using any layer name, or `keras_attn.register()`, does.
 """
 
-from keras_attn import cache, config, convert, distribution, generation, options
-from keras_attn.attention import (
-    causal_mask,
-    combine_masks,
-    padding_mask,
-    scaled_dot_product_attention,
-    sliding_window_mask,
-)
-from keras_attn.cache import empty_cache
-from keras_attn.generation import generate
-from keras_attn.layers import (
-    MultiHeadAttention,
-    PositionwiseFeedForward,
-    TransformerDecoderLayer,
-    TransformerEncoderLayer,
-)
-from keras_attn.models import CausalLM
-from keras_attn.options import AttentionOptions
-from keras_attn.rotary import RotaryEmbedding, rotary_embedding
-
-# `implementation="auto"` picks its row by how TensorFlow runs the call (eager, a
-# plain tf.function, XLA); the probe lives at the backend boundary, and the policy
-# takes it from here so that neither it nor the layers import backend code.
-from keras_attn import _device, _policy  # noqa: E402  (isort: skip)
-
-_policy.set_execution_probe(_device.execution_mode)
-# `CausalLM.generate` on PyTorch replays its decoding step from a traced graph; the
-# tracer is backend code too.
-from keras_attn.models import causal_lm as _causal_lm  # noqa: E402  (isort: skip)
-
-_causal_lm.set_step_tracer(_device.trace_step)
-# Eager attention calls on JAX (and the blockwise kernel's loops), compiled once per
-# shape and settings instead of op by op.
-from keras_attn._kernels import compiled as _compiled  # noqa: E402  (isort: skip)
-
-_compiled.set_eager_compiler(_device.eager_compiler)
+import importlib
+import sys
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AttentionOptions",
-    "CausalLM",
-    "MultiHeadAttention",
-    "PositionwiseFeedForward",
-    "RotaryEmbedding",
-    "TransformerDecoderLayer",
-    "TransformerEncoderLayer",
-    "cache",
-    "causal_mask",
-    "combine_masks",
-    "config",
-    "convert",
-    "distribution",
-    "empty_cache",
-    "generate",
-    "generation",
-    "options",
-    "padding_mask",
-    "rotary_embedding",
-    "scaled_dot_product_attention",
-    "sliding_window_mask",
-]
+# name -> the module that defines it (None: the name is a submodule).
+_NAMES = {
+    "AttentionOptions": "keras_attn.options",
+    "CausalLM": "keras_attn.models.causal_lm",
+    "KVCache": "keras_attn.cache",
+    "MultiHeadAttention": "keras_attn.layers.multi_head_attention",
+    "PositionwiseFeedForward": "keras_attn.layers.feed_forward",
+    "RotaryEmbedding": "keras_attn.rotary",
+    "TransformerDecoderLayer": "keras_attn.layers.transformer_decoder",
+    "TransformerEncoderLayer": "keras_attn.layers.transformer_encoder",
+    "causal_mask": "keras_attn.attention",
+    "combine_masks": "keras_attn.attention",
+    "empty_cache": "keras_attn.cache",
+    "generate": "keras_attn.generation",
+    "observe_paths": "keras_attn._observe",
+    "padding_mask": "keras_attn.attention",
+    "rotary_embedding": "keras_attn.rotary",
+    "scaled_dot_product_attention": "keras_attn.attention",
+    "sliding_window_mask": "keras_attn.attention",
+}
+_SUBMODULES = ("cache", "config", "convert", "distribution", "generation", "layers", "models",
+               "options")
+
+__all__ = sorted([*_NAMES, *_SUBMODULES, "register"])
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+def register():
+    """Import every layer and model, registering them for Keras deserialisation.
+
+    Needed only to load a `.keras` file before any keras_attn name was used in a
+    process that imported keras_attn before Keras; returns None.
+    """
+    importlib.import_module("keras_attn.layers")
+    importlib.import_module("keras_attn.models")
+    importlib.import_module("keras_attn.rotary")
+
+
+if sys.modules.get("keras") is not None:  # Keras (and its backend) is loaded already: nothing to save
+    register()

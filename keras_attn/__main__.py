@@ -1,11 +1,8 @@
-"""`python -m keras_attn`: the `keras-attn` command.
-
-Python imports the package (and so Keras and its backend) before it runs this;
-`python -m keras_attn_cli` (or `keras-attn`) starts without a backend.
-"""
+"""`python -m keras_attn`: the `keras-attn` command (`keras_attn.cli`), which starts
+without a backend (the package's face is lazy)."""
 
 import sys
 
-from keras_attn_cli import main
+from keras_attn.cli import main
 
 sys.exit(main())

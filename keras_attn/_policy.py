@@ -19,6 +19,7 @@ import math
 
 import keras
 
+from keras_attn import _hooks
 from keras_attn._observe import observe_paths, record_path
 from keras_attn._validation import check_positive_int
 
@@ -208,20 +209,18 @@ def policy_row(backend, device, mode=None):
     return rows.get(device, rows["default"])
 
 
-# How the backend runs the code being traced: a probe handed in by
-# keras_attn/__init__.py (`_device.execution_mode`, at the backend boundary), so
+# How the backend runs the code being traced: the "execution_mode" hook, which
+# `keras_attn._device` provides at the backend boundary (`keras_attn._hooks`), so
 # that this module stays free of backend code. Without one, None.
-_EXECUTION_PROBE = [lambda: None]
-
-
 def set_execution_probe(probe):
     """Use `probe()` ("eager", "graph", "xla" or None) as `execution_mode`."""
-    _EXECUTION_PROBE[0] = probe
+    _hooks.set("execution_mode", probe)
 
 
 def execution_mode():
     """"eager", "graph" or "xla" on TensorFlow (see `_device.execution_mode`), else None."""
-    return _EXECUTION_PROBE[0]()
+    probe = _hooks.get("execution_mode")
+    return None if probe is None else probe()
 
 
 # ----------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def torch_worker(port, world_size, rank, dropout, out_path):
                  losses=np.asarray(losses), paths=_paths(taken))
         dist.barrier()
         # The Reducer before the group: the other order can deadlock in torch 2.13
-        # (keras_attn/_device/data_parallel.py says why).
+        # (keras_attn/demo/data_parallel.py says why).
         del ddp_model
         gc.collect()
     finally:

@@ -1,4 +1,4 @@
-"""The `keras-attn` command's front door, `keras_attn_cli`.
+"""The `keras-attn` command's front door, `keras_attn.cli` (also `python -m keras_attn`).
 
 `--help`, `--version` and `info` start with neither Keras nor TensorFlow
 importable and `KERAS_BACKEND` unset (Keras would fall back to TensorFlow and
@@ -18,15 +18,16 @@ import keras
 import pytest
 
 import keras_attn
-import keras_attn_cli
+from keras_attn import cli
 from keras_attn.parity.cases import CASES
 
 BACKEND = keras.backend.backend()
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOISY = ("KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL")
-SEEN = ("keras", "keras_attn", "tensorflow", "jax", "torch")
+# keras_attn itself is imported (the front door is keras_attn.cli; its face is lazy).
+SEEN = ("keras", "tensorflow", "jax", "torch")
 
-# `python -m keras_attn_cli ARGS` (runpy, as -m does), with the modules in BLOCK made
+# `python -m keras_attn ARGS` (runpy, as -m does), with the modules in BLOCK made
 # unimportable first; then, on stderr, the last line: which heavy modules got imported.
 _RUN = """
 import runpy, sys
@@ -34,7 +35,7 @@ for name in {block!r}:
     sys.modules[name] = None  # `import name` raises ImportError, find_spec says absent
 sys.argv = ["keras-attn", *sys.argv[1:]]
 try:
-    runpy.run_module("keras_attn_cli", run_name="__main__")
+    runpy.run_module("keras_attn", run_name="__main__", alter_sys=True)
 finally:
     seen = sorted(m for m in {seen!r} if sys.modules.get(m) is not None)
     print("imported: " + ",".join(seen), file=sys.stderr)
@@ -57,8 +58,8 @@ def _front_door(tmp_path, *args, block=("keras", "tensorflow"), env=None, timeou
 
 
 def _unblocked_backends(block):
-    return [b for b in keras_attn_cli.installed_backends()
-            if not set(keras_attn_cli.REQUIRES[b]) & set(block)]
+    return [b for b in cli.installed_backends()
+            if not set(cli.REQUIRES[b]) & set(block)]
 
 
 def test_help_without_keras_or_a_backend(tmp_path):
@@ -90,7 +91,7 @@ def test_info_without_keras_lists_versions_and_devices(tmp_path, block):
     assert "KERAS_BACKEND unset" in lines["backend"]
     assert "tensorflow" in lines["backend"]  # Keras's default, there being no keras.json
     installed = _unblocked_backends(block)
-    for backend in keras_attn_cli.BACKENDS:
+    for backend in cli.BACKENDS:
         line = lines[backend]
         if backend not in installed:
             assert "not installed" in line
@@ -110,7 +111,7 @@ def test_info_json_without_keras(tmp_path):
     assert report["KERAS_BACKEND"] is None
     assert report["keras_backend"] == {"name": "tensorflow", "from": "Keras's default",
                                        "installed": False}
-    assert set(report["backends"]) == set(keras_attn_cli.BACKENDS)
+    assert set(report["backends"]) == set(cli.BACKENDS)
     assert done.imported == []
 
 
@@ -158,7 +159,7 @@ def test_parity_help_lists_the_cases_with_keras_backend_unset(tmp_path):
 
 def test_parity_help_lists_every_case_with_its_description(capsys):
     with pytest.raises(SystemExit) as exit_:
-        keras_attn_cli.main(["parity", "--help"])
+        cli.main(["parity", "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert f"cases ({len(CASES)};" in out
@@ -168,8 +169,8 @@ def test_parity_help_lists_every_case_with_its_description(capsys):
 
 
 def test_quiet_environment_keeps_what_the_user_set(monkeypatch):
-    assert keras_attn_cli.quiet_environment({}) == {"TF_CPP_MIN_LOG_LEVEL": "3"}
-    assert keras_attn_cli.quiet_environment({"TF_CPP_MIN_LOG_LEVEL": "0"}) == {
+    assert cli.quiet_environment({}) == {"TF_CPP_MIN_LOG_LEVEL": "3"}
+    assert cli.quiet_environment({"TF_CPP_MIN_LOG_LEVEL": "0"}) == {
         "TF_CPP_MIN_LOG_LEVEL": "0"}
     from keras_attn.parity.cli import _worker_env
 
@@ -182,7 +183,7 @@ def test_quiet_environment_keeps_what_the_user_set(monkeypatch):
 def test_abseil_start_up_lines_are_dropped_and_the_rest_of_stderr_kept(capfd):
     # What TensorFlow 2.21 writes at import on a CPU with oneDNN on, whatever
     # TF_CPP_MIN_LOG_LEVEL says (Abseil logs before absl::InitializeLog() go to stderr).
-    with keras_attn_cli._without_native_start_up_logs():
+    with cli._without_native_start_up_logs():
         os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are "
                     b"written to STDERR\n")
         os.write(2, b"I0000 00:00:1796161905.250845    3114 port.cc:153] oneDNN custom "
@@ -193,7 +194,7 @@ def test_abseil_start_up_lines_are_dropped_and_the_rest_of_stderr_kept(capfd):
     assert capfd.readouterr().err == "a C++ line in another format\nUserWarning: a Python warning\n"
 
 
-@pytest.mark.skipif("tensorflow" not in keras_attn_cli.installed_backends(),
+@pytest.mark.skipif("tensorflow" not in cli.installed_backends(),
                     reason="needs TensorFlow, whose start-up logs are the ones hidden")
 def test_tensorflow_starts_quietly(tmp_path):
     done = _front_door(tmp_path, "example", block=(), env={"KERAS_BACKEND": "tensorflow"})
@@ -204,9 +205,9 @@ def test_tensorflow_starts_quietly(tmp_path):
 
 
 def test_the_front_door_imports_only_the_standard_library():
-    """At module level; the one other import is keras_attn.cli, for the commands that need
-    a backend, inside main."""
-    tree = ast.parse(pathlib.Path(keras_attn_cli.__file__).read_text())
+    """At module level and inside its functions: a command's module (which imports Keras)
+    is imported by name, in `run_command`, once the backend is checked."""
+    tree = ast.parse(pathlib.Path(cli.__file__).read_text())
     top = set()
     for node in tree.body:
         if isinstance(node, ast.Import):
@@ -216,14 +217,14 @@ def test_the_front_door_imports_only_the_standard_library():
     assert top <= set(sys.stdlib_module_names), top
     inner = {node.module for node in ast.walk(tree)
              if isinstance(node, ast.ImportFrom) and node not in tree.body}
-    assert inner == {"keras_attn"}
+    assert inner == set(), inner
 
 
 def test_the_entry_point_is_the_front_door():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert meta["project"]["scripts"] == {"keras-attn": "keras_attn_cli:main"}
-    assert meta["tool"]["setuptools"]["py-modules"] == ["keras_attn_cli"]
+    assert meta["project"]["scripts"] == {"keras-attn": "keras_attn.cli:main"}
+    assert "py-modules" not in meta["tool"]["setuptools"]  # no top-level module beside the package
 
 
 def test_keras_attn_cli_main_runs_a_command_on_the_active_backend(capsys):

@@ -156,11 +156,12 @@ def test_the_wheel_holds_the_package_the_front_door_and_the_metadata(dist):
         info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
         metadata = email.message_from_bytes(archive.read(f"{info}/METADATA"))
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
-    assert "keras_attn_cli.py" in names and "keras_attn/py.typed" in names
+    assert "keras_attn/cli.py" in names and "keras_attn/py.typed" in names
+    assert "keras_attn_cli.py" not in names  # the front door is inside the package
     assert "keras_attn/__init__.py" in names and "keras_attn/parity/cases.py" in names
     assert f"{info}/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith(("tests/", "tools/", "benchmarks/"))]
-    assert "keras-attn = keras_attn_cli:main" in entry_points
+    assert "keras-attn = keras_attn.cli:main" in entry_points
     assert metadata["License-Expression"] == "Apache-2.0"
     assert metadata["License-File"] == "LICENSE"
     requires = metadata.get_all("Requires-Dist")
@@ -178,7 +179,7 @@ def test_the_sdist_holds_the_license_changelog_and_tests(dist):
     with tarfile.open(sdist) as archive:
         names = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
     for name in ("LICENSE", "README.md", "CHANGELOG.md", "CONTRIBUTING.md", "pyproject.toml",
-                 "tox.ini", "keras_attn_cli.py", "keras_attn/py.typed", "tests/conftest.py",
+                 "tox.ini", "keras_attn/cli.py", "keras_attn/py.typed", "tests/conftest.py",
                  "tests/assets/saved_by_0_1_0.keras"):
         assert name in names, name
 

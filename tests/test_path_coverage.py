@@ -188,9 +188,9 @@ def test_tensorflow_auto_follows_how_the_call_runs():
     tf.function (Keras's fit and predict on a CPU) and eager stay fused."""
     import tensorflow as tf
 
-    from keras_attn import _policy
+    from keras_attn import _hooks, _policy
 
-    assert _policy._EXECUTION_PROBE[0] is _device.execution_mode  # keras_attn/__init__
+    assert _hooks.get("execution_mode") is _device.execution_mode  # registered in _device
     g = rng(3)
     q, k, v = (randn(g, 1, 4, 512, 8) for _ in range(3))
     expected, _ = reference.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -20,7 +20,7 @@ active exception".
 
 `group-last` (the wrapper first, then `destroy_process_group()`): the group's
 Python holder (IntrusivePtrNoGilDestructor) destroys it without the GIL.
-keras_attn tears down in that order (keras_attn/_device/data_parallel.py).
+keras_attn tears down in that order (keras_attn/demo/data_parallel.py).
 """
 
 import gc

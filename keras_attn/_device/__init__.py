@@ -1,15 +1,16 @@
 """The backend boundary: the one package that talks to TF, JAX or torch directly.
 
-The layers never import a backend. Tools that must look at devices, take
-gradients of arbitrary functions or train data-parallel with a backend's own
-engine (the test suite, the parity runner, the benchmarks, the demo's
-`--distribute data`, in `data_parallel.py`) come here; each function imports
-only the active backend, and only when called. Three serve the library itself,
-handed over by `keras_attn/__init__.py` so that the policy, the kernels and the
-layers stay free of backend code: `execution_mode`, to the `auto` policy
-(`_policy.set_execution_probe`), `eager_compiler`, to the kernels' compiled eager
-calls (`_kernels.compiled.set_eager_compiler`), and `trace_step` (`traced_step.py`), to
-`CausalLM.generate` on PyTorch (`causal_lm.set_step_tracer`).
+The layers never import a backend. Tools that must look at devices or take
+gradients of arbitrary functions (the test suite, the parity runner, the
+benchmarks, the demo) come here; each function imports only the active backend,
+and only when called. (The demo's data-parallel training with each backend's own
+engine is the demo's: `keras_attn/demo/data_parallel.py`.) Three serve the library
+itself, registered here as named hooks (`keras_attn._hooks`) so that the policy, the
+kernels and the layers stay free of backend code and `import keras_attn` imports no
+backend: `execution_mode`, for the `auto` policy; `eager_compiler`, for the kernels'
+compiled eager calls (`keras_attn._kernels.compiled`); and `trace_step`
+(`traced_step.py`), for `CausalLM.generate` on PyTorch. The first hook looked up
+imports this package.
 """
 
 import json
@@ -17,23 +18,22 @@ import platform
 
 import keras
 
-from keras_attn._device.data_parallel import (
-    mirrored_strategy,
-    torch_data_parallel_fit,
-    torch_processes,
-)
+from keras_attn import _hooks
 from keras_attn._device.traced_step import TracedStep, trace_step
 
 __all__ = ["allow_tf32", "compile_inference", "describe", "devices", "disable_tf32",
-           "eager_compiler", "execution_mode", "gpu_available", "mirrored_strategy",
-           "print_devices", "single_cpu_thread_for_small_ops", "torch_data_parallel_fit", "torch_processes",
-           "trace_step", "TracedStep", "value_and_grad"]
+           "eager_compiler", "execution_mode", "gpu_available", "print_devices",
+           "single_cpu_thread_for_small_ops", "trace_step", "TracedStep", "value_and_grad"]
+
+# The decoding step's tracer is defined in traced_step.py; registered here with the rest.
+_hooks.provide("trace_step")(trace_step)
 
 
 def _backend():
     return keras.backend.backend()
 
 
+@_hooks.provide("execution_mode")
 def execution_mode():
     """How TensorFlow runs the code being traced now: "eager", "graph" or "xla".
 
@@ -269,6 +269,7 @@ def value_and_grad(fn, args):
     raise RuntimeError(f"the {name} backend cannot compute gradients")
 
 
+@_hooks.provide("eager_compiler")
 def eager_compiler(fn):
     """On JAX, `fn` compiled with `jax.jit` for concrete inputs; None elsewhere.
 

@@ -6,23 +6,23 @@ one program (fused: 1.7 s against 0.4-0.6 s). The blockwise kernel's loop bodies
 closures made per call, so eager JAX also traced and compiled every loop again at each
 call, about 1 s at a shape already seen (B=2, H=4, T=64, block 16: 1.48, 0.89, 0.99,
 1.15 s for four calls). The backend boundary registers a compiler (`jax.jit` for
-concrete inputs, None elsewhere; handed over by `keras_attn/__init__.py`), and each
+concrete inputs, None elsewhere: the "eager_compiler" hook, `keras_attn._hooks`), and each
 function and set of static settings keeps one compiled call. Under an outer trace the
 compiled function is inlined as before.
 """
 
 import functools
 
+from keras_attn import _hooks
+
 __all__ = ["compiled", "set_eager_compiler"]
 
-_eager_compiler = None
 _CACHE: dict = {}
 
 
 def set_eager_compiler(compiler):
-    """Register `compiler(fn) -> fn or None`."""
-    global _eager_compiler
-    _eager_compiler = compiler
+    """Register `compiler(fn) -> fn or None` (None: compile nothing)."""
+    _hooks.set("eager_compiler", compiler)
     _CACHE.clear()
 
 
@@ -34,7 +34,8 @@ def compiled(fn, settings, depends=(), **fixed):
     key so that a replaced one (a test's spy) is not answered by a program traced
     before it.
     """
-    if _eager_compiler is None:
+    compiler = _hooks.get("eager_compiler")
+    if compiler is None:
         return None
     if not all(v is None or isinstance(v, (bool, int, float, str)) for v in settings.values()):
         return None
@@ -42,5 +43,5 @@ def compiled(fn, settings, depends=(), **fixed):
     if key not in _CACHE:  # None too: a backend that compiles nothing eagerly
         if len(_CACHE) >= 256:
             _CACHE.clear()
-        _CACHE[key] = _eager_compiler(functools.partial(fn, **fixed, **settings))
+        _CACHE[key] = compiler(functools.partial(fn, **fixed, **settings))
     return _CACHE[key]

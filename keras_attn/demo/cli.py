@@ -164,7 +164,7 @@ def run(args):
         return _fail("--distribute is for the sequence tasks, not --task add")
     distribution = None
     if args.distribute and info["backend"] == "tensorflow":
-        from keras_attn._device import mirrored_strategy
+        from keras_attn.demo.data_parallel import mirrored_strategy
 
         # Before anything starts TensorFlow's runtime: it may split the CPU.
         distribution, description = mirrored_strategy()
@@ -173,7 +173,7 @@ def run(args):
                          f"{distribution.num_replicas_in_sync} replicas")
         print(f"distribution: {description}")
     elif args.distribute and info["backend"] == "torch":
-        from keras_attn._device import torch_processes
+        from keras_attn.demo.data_parallel import torch_processes
 
         print(f"distribution: DistributedDataParallel over {torch_processes()} "
               "process(es)")
@@ -218,7 +218,7 @@ def run(args):
     # Weight 0 on padding, so the loss and the token accuracy count real tokens only.
     weights = (targets != 0).astype("float32")
     if torch_ddp:
-        from keras_attn._device import torch_data_parallel_fit
+        from keras_attn.demo.data_parallel import torch_data_parallel_fit
 
         try:
             torch_data_parallel_fit(model, build_model, build_kwargs, train, epochs=args.epochs,

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn import _hooks
 from keras_attn._validation import check_positive_float, check_positive_int, concrete_value
 from keras_attn.cache import empty_cache
 from keras_attn.generation import _check_temperature, _stop_token_ids, check_generated
@@ -109,18 +110,17 @@ def traced_step_of(lm):
     """`lm`'s traced decoding step (one per model, its graphs kept by shape), or None."""
     holder = _holder(lm)
     if holder.step is None:
-        holder.step = _STEP_TRACER[0](lm.next_token_logits, lm.variables)
+        trace = _hooks.get("trace_step")
+        holder.step = None if trace is None else trace(lm.next_token_logits, lm.variables)
     return holder.step
 
 
 # `trace(fn, variables)`: a decoding step traced once per shape, or None where the
-# backend needs none. The tracer lives at the backend boundary (PyTorch only);
-# keras_attn/__init__.py hands it here, so that this module imports no backend.
-_STEP_TRACER = [lambda fn, variables: None]
-
-
+# backend needs none. The tracer lives at the backend boundary (PyTorch only), the
+# "trace_step" hook (`keras_attn._hooks`), so that this module imports no backend.
 def set_step_tracer(trace):
-    _STEP_TRACER[0] = trace
+    """Use `trace(fn, variables) -> step or None` for the decoding step (None: none)."""
+    _hooks.set("trace_step", trace)
 
 
 def _default_jit_compile():

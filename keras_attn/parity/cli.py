@@ -23,7 +23,7 @@ from keras_attn.testing.tolerances import TOLERANCES
 
 # The backends and how to tell they are installed (numpy needs jax and scipy) are the
 # command's front door's, which finds them without importing anything.
-from keras_attn_cli import BACKENDS, REQUIRES, installed_backends, quiet_environment
+from keras_attn.cli import BACKENDS, REQUIRES, installed_backends, quiet_environment
 
 __all__ = ["BACKENDS", "REQUIRES", "add_arguments", "installed_backends", "run"]
 

@@ -22,8 +22,9 @@ never exits, caught with gdb in CI) or, at interpreter exit, "terminate called
 without an active exception". Dropped through `destroy_process_group()`, the
 group's Python holder destroys it without the GIL, so nothing waits on anyone.
 
-Part of the backend boundary (`keras_attn._device`): each function imports its
-backend only when called.
+The demo's, not the library's: it uses each backend directly, as the demo and the
+tools may (the layers reach a backend only through `keras_attn._device`'s hooks).
+Each function imports its backend only when called.
 """
 
 import gc
