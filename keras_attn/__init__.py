@@ -18,7 +18,7 @@ from keras_attn.attention import (
     scaled_dot_product_attention,
     sliding_window_mask,
 )
-from keras_attn.cache import empty_cache
+from keras_attn.cache import KVCache, empty_cache
 from keras_attn.generation import generate
 from keras_attn.layers import (
     CausalLM,

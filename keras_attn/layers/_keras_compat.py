@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_attn._policy import check_implementation
 from keras_attn._shapes import static_shape
+from keras_attn.cache import cache_length, cache_spec
 from keras_attn._validation import (
     as_bool_mask,
     check_broadcastable,
@@ -241,9 +242,9 @@ def output_spec(layer, query, value, key, return_attention_scores, cache):
     results = (keras.KerasTensor(layer.compute_output_shape(query.shape),
                                  dtype=layer.compute_dtype),)
     if return_attention_scores:
-        S = source.shape[1] if cache is None else cache.shape[2]
+        S = source.shape[1] if cache is None else cache_length(cache)
         results += (keras.KerasTensor((query.shape[0], layer.num_heads, query.shape[1], S),
                                       dtype=layer.compute_dtype),)
     if cache is not None:
-        results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+        results += (cache_spec(cache),)  # a KVCache's spec is a KVCache
     return results if len(results) > 1 else results[0]
