@@ -52,6 +52,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionOptions",
     "CausalLM",
+    "KVCache",
     "MultiHeadAttention",
     "PositionwiseFeedForward",
     "RotaryEmbedding",

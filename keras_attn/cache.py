@@ -41,6 +41,7 @@ import keras
 from keras import ops
 
 from keras_attn._cache_rules import (
+    _cast,
     cached_positional_mask,
     check_cache,
     check_cache_call,
@@ -54,7 +55,6 @@ from keras_attn._cache_rules import (
     read,
     write,
 )
-from keras_attn._cache_rules import _cast
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Tensor
 from keras_attn._validation import check_positive_int, dtype_of
@@ -310,7 +310,8 @@ class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
         return CacheUpdate(keys, values, mask, query_positions, new.carried(), in_range)
 
 
-class KerasHubKVCache(collections.namedtuple("KerasHubKVCache", ("cache",)), KVCache):
+# mypy refuses two tuple bases; at runtime both are `tuple` with empty slots (one layout).
+class KerasHubKVCache(collections.namedtuple("KerasHubKVCache", ("cache",)), KVCache):  # type: ignore[misc]
     """keras-hub's layout as a `KVCache`: one `(B, 2, S_max, H_kv, d)` tensor.
 
     What a layer makes of a cache tensor: the same operations as before the

@@ -242,12 +242,12 @@ def check_capacity(given, returned, max_length):
     trace time inside a compiled loop): the last token is chosen, never fed,
     so a cache needs L - 1 slots. A cache is a `keras_attn.KVCache` or
     keras-hub's `(B, 2, S_max, H_kv, d)` tensor; one that the step hands back
-    untouched (the same object: a read-only cross-attention cache, filled
+    untouched (the same tensors: a read-only cross-attention cache, filled
     whole from its memory) is not a growing cache and is not checked.
     """
     def walk(before, after, path):
         if isinstance(before, KVCache) or _is_array(before):
-            if after is before or not isinstance(after, KVCache) and not _is_array(after):
+            if _untouched(before, after):
                 return
             shape = cache_shape(before)
             if isinstance(before, KVCache) or len(shape) == 5 and shape[1] == 2:
@@ -269,6 +269,14 @@ def check_capacity(given, returned, max_length):
                     walk(before[key], after[key], f"{path}[{key!r}]")
 
     walk(given, returned, "")
+
+
+def _untouched(before, after):
+    """`after` is `before` handed back: the same tensor, or a `KVCache` of the same tensors
+    (Keras rebuilds a named tuple argument, with the same leaves), or not a cache at all."""
+    if isinstance(before, KVCache) and isinstance(after, KVCache):
+        return len(before) == len(after) and all(a is b for a, b in zip(after, before))
+    return after is before or not (isinstance(after, KVCache) or _is_array(after))
 
 
 def _finish(chosen, done, stops):

@@ -257,13 +257,22 @@ def _block_lm():
 
 
 def test_generate_refuses_a_cache_shorter_than_the_generation():
-    """It used to finish with wrong tokens (JAX, TF) or a raw IndexError (torch)."""
+    """It used to finish with wrong tokens (JAX, TF) or a raw IndexError (torch).
+
+    `generate` checks the caches that its first decoding step writes. With 3 slots
+    (P = 3: the prefill fills them) an eager step (torch, numpy, TF's eager loop)
+    refuses its index first, naming it; a traced one reaches `generate`'s check.
+    """
     block, next_token = _block_lm()
     prompt = np.array([[1, 2, 3], [4, 5, 6]], "int32")
     for slots in (3, 5, 6):  # max_length 8 needs 7 slots
-        with pytest.raises(ValueError, match=rf"S_max >= max_length - 1 = 7 slots.*"
-                           rf"Received: max_length=8, S_max={slots}"):
+        capacity = rf"S_max >= max_length - 1 = 7 slots.*Received: max_length=8, S_max={slots}"
+        index = r"\[0, 3 - 1\].*Received: cache_update_index=3"
+        with pytest.raises(ValueError, match=capacity if slots > 3 else f"{capacity}|{index}"):
             generate(next_token, prompt, 8, keras_attn.empty_cache(block, B, slots))
+        with pytest.raises(ValueError, match=capacity if slots > 3 else f"{capacity}|{index}"):
+            generate(next_token, prompt, 8,
+                     keras_attn.empty_cache(block, B, slots, as_kv_cache=True))
     generate(next_token, prompt, 8, keras_attn.empty_cache(block, B, 7))
     compiled = _compiled(lambda p, c: generate(next_token, p, 8, c))
     if compiled is not None:  # the whole generation traced: refused at trace time

@@ -11,7 +11,6 @@ from keras import ops
 
 from keras_attn._policy import check_implementation
 from keras_attn._shapes import static_shape
-from keras_attn.cache import cache_length, cache_spec
 from keras_attn._validation import (
     as_bool_mask,
     check_broadcastable,
@@ -20,6 +19,7 @@ from keras_attn._validation import (
     check_rank,
 )
 from keras_attn.attention import causal_mask, combine_masks, sliding_window_mask
+from keras_attn.cache import cache_length, cache_spec
 
 __all__ = [
     "call_keras_hook",
