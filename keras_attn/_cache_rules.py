@@ -39,6 +39,7 @@ __all__ = [
     "poison",
     "positions",
     "read",
+    "slice_update",
     "write",
 ]
 
@@ -226,7 +227,19 @@ def write(cache, keys, values, cache_update_index, in_range=None):
     new = _cast(ops.stack([keys, values], axis=1), cache.dtype)  # (B, 2, S_new, H_kv, d)
     if in_range is not None:
         new = poison(new, in_range)
-    return ops.slice_update(cache, [0, 0, cache_update_index, 0, 0], new)
+    return slice_update(cache, [0, 0, cache_update_index, 0, 0], new)
+
+
+def slice_update(x, start, update):
+    """`ops.slice_update` that never changes `x`: a cache is a value.
+
+    Keras's NumPy backend writes into `x` in place (the others return a new
+    tensor), which changed the caller's cache and hid a write from
+    `generate`, which tells a growing cache by the new tensor a step returns.
+    """
+    if keras.backend.backend() == "numpy":
+        x = ops.copy(x)
+    return ops.slice_update(x, start, update)
 
 
 def read(cache, dtype):

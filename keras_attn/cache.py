@@ -53,6 +53,7 @@ from keras_attn._cache_rules import (
     poison,
     positions,
     read,
+    slice_update,
     write,
 )
 from keras_attn._shapes import static_shape
@@ -245,7 +246,7 @@ class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
         def put(old, new):
             new = _cast(new, old.dtype)
             new = new if in_range is None else poison(new, in_range)
-            return ops.slice_update(old, [0, cache_update_index, 0, 0], new)
+            return slice_update(old, [0, cache_update_index, 0, 0], new)
         return type(self)(put(self.keys, keys), put(self.values, values))
 
     def read(self, dtype) -> tuple[Tensor, Tensor]:
