@@ -1,44 +1,72 @@
 """Key/value caches for incremental decoding (keras.ops only).
 
 A cache holds the keys and values of the positions seen so far, so that each
-decoding step projects only its new tokens. Layout `(B, 2, S_max, H_kv, d)`,
-keys (index 0 of axis 1) then values (index 1), as keras-hub's
-`CachedMultiHeadAttention`: B batch, S_max the cache length (the longest
-sequence it can hold), H_kv key/value heads, d head width. Keys are stored
-after qk-norm and RoPE, so that a stored key never needs its position again.
+decoding step projects only its new tokens. Keys are stored after qk-norm and
+RoPE, so that a stored key never needs its position again. Dimension letters:
+B batch, S_max the cache length (the longest sequence it can hold), H_kv
+key/value heads, d_k and d_v the key and value head widths.
 
-Positions are absolute (see DESIGN.md): with `cache_update_index = u` and
-`S_new` new keys, the written slots are `j < u + S_new`, and query i of T sits
-at `u + S_new - T + i` (bottom-right aligned over the written slots; for
-self-attention S_new = T, so query i is at `u + i`). Slots not yet written
-are never attended. Without an update index (a read-only cache, such as
-cross-attention over a precomputed memory) every slot counts as written, and
-query i sits at `S_max - T + i`.
+`KVCache` is the object: keys `(B, S_max, H_kv, d_k)` and values
+`(B, S_max, H_kv, d_v)` held apart, and one `update(...)` that a layer calls
+once per step (the checks, the write at `cache_update_index`, the keys and
+values to attend, the positional mask and the query positions, and NaN for a
+traced index out of range). keras-hub's `(B, 2, S_max, H_kv, d)` tensor
+(`empty_cache`'s default, keys at index 0 of axis 1, values at 1) is still
+accepted wherever a cache is: it travels as the `KerasHubKVCache` subclass
+inside the layer and comes back as a tensor; `KVCache.from_keras_hub` and
+`to_keras_hub` convert between the two.
 
-What a cache holds is known from its shape alone, so the rules are checked
-where the shapes are: a read-only cache must have been filled whole (the
-decoder refuses a cross-attention cache whose S_max is not its memory's
-length), an index whose value is known is range-checked, a traced one out of
-range turns the step's output NaN (`index_in_range`, `poison`), and
-`generate` declares the slots it will need (`generation_slots`) so that a
-cache too short for it is refused at its first write.
+How a cache crosses `jax.jit`, `tf.function`, `keras.ops.while_loop`,
+`keras.tree` and PyTorch's tracers: `KVCache` is a named tuple (a subclass of
+`collections.namedtuple`, with methods and no other state). Every one of
+those tree utilities knows named tuples and rebuilds them as `type(x)(*leaves)`,
+so the object is a pytree on every backend without a registration (which
+would need a backend import) and comes back as the same class.
+
+The rules of a call over a cache (checks, positions, the positional mask)
+live in `keras_attn._cache_rules`, and stay public here under their old
+names: `check_cache`, `check_cache_call`, `fold_positions`, `write`, `read`,
+`poison`, `positions`, ... (the protocol that layers ran before the object).
+The capacity of a generation is checked by `keras_attn.generation.generate`
+itself, once; `generation_slots` (the context variable it used) is deprecated
+and no layer reads it.
 """
 
+import collections
 import contextlib
 import contextvars
-import numbers
+from typing import NamedTuple
 
 import keras
-import numpy as np
 from keras import ops
 
-from keras_attn._masks import combine_masks, positional_mask
-from keras_attn._policy import record_path
+from keras_attn._cache_rules import (
+    _cast,
+    cached_positional_mask,
+    check_cache,
+    check_cache_call,
+    check_cache_masks,
+    check_cache_update_index,
+    check_index_has_cache,
+    fold_positions,
+    index_in_range,
+    poison,
+    positions,
+    read,
+    slice_update,
+    write,
+)
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Tensor
-from keras_attn._validation import check_positive_int, concrete_value, dtype_of
+from keras_attn._validation import check_positive_int, dtype_of
 
 __all__ = [
+    "CacheUpdate",
+    "KVCache",
+    "KerasHubKVCache",
+    "cache_length",
+    "cache_shape",
+    "cache_spec",
     "cached_positional_mask",
     "check_cache",
     "check_cache_call",
@@ -57,8 +85,305 @@ __all__ = [
 ]
 
 
+class CacheUpdate(NamedTuple):
+    """What `KVCache.update` returns: everything a layer needs from its cache for one step.
+
+    Attributes:
+        keys: `(B, S_max, H_kv, d_k)`, the keys to attend (the new ones written), in the
+            dtype asked for.
+        values: `(B, S_max, H_kv, d_v)`, likewise.
+        mask: bool `(T, S_max)`, the positional rules over the slots (causal, window,
+            written slots), or None when every slot may be attended.
+        query_positions: int32 `(T,)`, the queries' absolute positions (for RoPE).
+        cache: the new cache, as the layer hands it back (a `KVCache`, or the
+            keras-hub tensor for a `KerasHubKVCache`).
+        in_range: None, or (for a traced index) a bool scalar tensor: the write fitted.
+    """
+
+    keys: Tensor
+    values: Tensor
+    mask: Tensor | None
+    query_positions: Tensor
+    cache: object
+    in_range: Tensor | None
+
+    def poison(self, x: Tensor) -> Tensor:
+        """`x` where the write fitted, NaN where a traced index was out of range."""
+        return x if self.in_range is None else poison(x, self.in_range)
+
+
+class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
+    """A key/value cache: keys and values held apart, and one `update` per step.
+
+    Like flax nnx's and equinox's caches, a small immutable object: `update`
+    returns a new cache rather than writing in place, so that it passes
+    through `call` as an input and comes back as an output of the step, inside
+    `jax.jit`, `tf.function`, `keras.ops.while_loop` or a PyTorch trace. It is
+    a named tuple, the one container that every backend's tree utilities
+    flatten and rebuild without a registration (see the module docstring).
+
+    Args:
+        keys: `(B, S_max, H_kv, d_k)`, after qk-norm and RoPE.
+        values: `(B, S_max, H_kv, d_v)`; d_v may differ from d_k.
+
+    Another layout (a latent cache for multi-head latent attention, a paged
+    one) is a subclass, not a fork. It declares its tensors with a named tuple
+    in front of `KVCache` in its bases, and overrides the layout methods;
+    `update`, the rules of positions, masks and out-of-range indices, is
+    inherited:
+
+    - `max_length` (property): S_max.
+    - `check(batch_size, num_key_value_heads, key_dim, value_dim)`: refuse a
+      cache that does not fit the layer (a `ValueError`); return S_max.
+    - `write(keys, values, cache_update_index, in_range=None)`: the new cache
+      with `(B, S_new, H_kv, d)` keys and values at the index (NaN where
+      `in_range` is false).
+    - `read(dtype)`: what the layer attends, `(keys, values)`.
+    - `describe()`: the shapes, for messages; `carried()`: what the layer
+      returns (the object itself by default).
+
+    `KerasHubKVCache` below is such a subclass: one `(B, 2, S_max, H_kv, d)`
+    tensor. A latent cache would read:
+
+        class LatentCache(collections.namedtuple("LatentCache", ("latent", "rope_keys")),
+                          KVCache):
+            max_length = property(lambda self: static_shape(self.latent)[1])
+            def write(self, keys, values, cache_update_index, in_range=None): ...
+            def read(self, dtype): return self.latent, self.rope_keys
+
+    Example:
+
+    >>> import keras_attn
+    >>> layer = keras_attn.MultiHeadAttention(4, 8, value_dim=16, num_key_value_heads=2)
+    >>> cache = KVCache.empty(batch_size=1, max_length=32, num_key_value_heads=2,
+    ...                       key_dim=8, value_dim=16)
+    >>> x = keras.ops.ones((1, 3, 24))
+    >>> y, cache = layer(x, cache=cache, cache_update_index=0, use_causal_mask=True)
+    >>> tuple(cache.keys.shape), tuple(cache.values.shape)
+    ((1, 32, 2, 8), (1, 32, 2, 16))
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def empty(cls, batch_size: int, max_length: int, num_key_value_heads: int, key_dim: int,
+              value_dim: int | None = None, dtype: str = "float32") -> "KVCache":
+        """Zeros: keys `(B, S_max, H_kv, d_k)`, values `(B, S_max, H_kv, d_v)`."""
+        batch_size = check_positive_int("batch_size", batch_size)
+        max_length = check_positive_int("max_length", max_length)
+        heads = check_positive_int("num_key_value_heads", num_key_value_heads)
+        key_dim = check_positive_int("key_dim", key_dim)
+        value_dim = check_positive_int("value_dim", value_dim, allow_none=True) or key_dim
+        return KVCache(ops.zeros((batch_size, max_length, heads, key_dim), dtype=dtype),
+                       ops.zeros((batch_size, max_length, heads, value_dim), dtype=dtype))
+
+    @classmethod
+    def from_keras_hub(cls, cache: Tensor) -> "KVCache":
+        """A `KVCache` from keras-hub's `(B, 2, S_max, H_kv, d)` tensor (keys, then values)."""
+        shape = static_shape(cache)
+        check_cache(cache, shape[0] if shape else None, *(shape[3:5] if len(shape) == 5
+                                                          else (None, None)))
+        return KVCache(cache[:, 0], cache[:, 1])
+
+    @classmethod
+    def of(cls, cache, cache_update_index=None) -> "KVCache | None":
+        """The object for a layer's `cache` argument: a `KVCache` as it is, keras-hub's
+        tensor as a `KerasHubKVCache` (handed back as a tensor), None as None (then an
+        index is refused: it says where to write into a cache that is not there)."""
+        if cache is None:
+            check_index_has_cache(cache, cache_update_index)
+            return None
+        return cache if isinstance(cache, KVCache) else KerasHubKVCache(cache)
+
+    def to_keras_hub(self) -> Tensor:
+        """keras-hub's `(B, 2, S_max, H_kv, d)` tensor; keys and values must share d."""
+        keys, values = self.read(self.dtype)
+        if static_shape(keys)[-1] != static_shape(values)[-1]:
+            raise ValueError(
+                "keras-hub's cache (B, 2, S_max, H_kv, d) holds keys and values in one "
+                "tensor: their head widths must be equal. Received: "
+                f"{self.describe()}")
+        return ops.stack([keys, values], axis=1)
+
+    # The layout: what a subclass overrides.
+
+    @property
+    def max_length(self) -> int:
+        """S_max, the slots of the cache (static)."""
+        return static_shape(self.keys)[1]
+
+    @property
+    def dtype(self) -> str:
+        """The dtype the cache stores."""
+        return dtype_of(self[0])
+
+    def describe(self) -> str:
+        """The shapes, for messages: `cache.keys.shape=..., cache.values.shape=...`."""
+        return (f"cache.keys.shape={static_shape(self.keys)}, "
+                f"cache.values.shape={static_shape(self.values)}")
+
+    def check(self, batch_size, num_key_value_heads, key_dim, value_dim) -> int:
+        """Refuse a cache that does not fit a layer of these sizes (None: not known); S_max."""
+        for name, x, width in (("keys", self.keys, key_dim), ("values", self.values, value_dim)):
+            shape = static_shape(x)
+            expected = (batch_size, None, num_key_value_heads, width)
+            if len(shape) != 4 or shape[1] is None or any(
+                    e is not None and s is not None and s != e for s, e in zip(shape, expected)):
+                raise ValueError(
+                    f"`cache.{name}` must have shape (B, S_max, H_kv, d) = ({batch_size}, "
+                    f"S_max, {num_key_value_heads}, {width}) with a static S_max (see "
+                    f"`KVCache.empty`). Received: {self.describe()}")
+            if "float" not in dtype_of(x):
+                raise ValueError(f"`cache.{name}` must be floating. Received: "
+                                 f"cache.{name}.dtype={dtype_of(x)}")
+        if static_shape(self.keys)[:2] != static_shape(self.values)[:2]:
+            raise ValueError("`cache.keys` and `cache.values` must have the same B and "
+                             f"S_max. Received: {self.describe()}")
+        return self.max_length
+
+    def write(self, keys, values, cache_update_index, in_range=None) -> "KVCache":
+        """The new cache, with `(B, S_new, H_kv, d)` keys and values at the index."""
+        def put(old, new):
+            new = _cast(new, old.dtype)
+            new = new if in_range is None else poison(new, in_range)
+            return slice_update(old, [0, cache_update_index, 0, 0], new)
+        return type(self)(put(self.keys, keys), put(self.values, values))
+
+    def read(self, dtype) -> tuple[Tensor, Tensor]:
+        """`(keys, values)` `(B, S_max, H_kv, d)` in `dtype`."""
+        return _cast(self.keys, dtype), _cast(self.values, dtype)
+
+    def carried(self):
+        """What the layer returns as the new cache: the object itself."""
+        return self
+
+    # The one call.
+
+    def update(self, keys, values, cache_update_index=None, *, query_length, batch_size=None,
+               num_key_value_heads=None, key_dim=None, value_dim=None, is_causal=False,
+               window=None, rope=None, dtype=None, masks=None) -> CacheUpdate:
+        """One step over the cache: check, position, write, read, mask.
+
+        Args:
+            keys: the new keys `(B, S_new, H_kv, d_k)` after qk-norm, before RoPE;
+                None with `values` for a read-only call.
+            values: the new values `(B, S_new, H_kv, d_v)`, or None.
+            cache_update_index: where they are written, an int or a scalar int
+                tensor in `[0, S_max - S_new]` (a `ValueError` when its value is
+                known, NaN output when traced); None: read-only, every slot
+                counts as written and the queries end at S_max.
+            query_length: T.
+            batch_size, num_key_value_heads, key_dim, value_dim: the layer's
+                sizes, checked against the cache (None: not checked).
+            is_causal, window: the positional rules folded into the mask.
+            rope: `fn(x, positions)` applied to the new keys at their absolute
+                positions before they are written, or None.
+            dtype: of the keys and values returned (the queries' dtype).
+            masks: the caller's masks by argument name; each one's key axis
+                must be the S_max slots.
+
+        Returns:
+            A `CacheUpdate`.
+        """
+        S_max = self.check(batch_size, num_key_value_heads, key_dim, value_dim)
+        check_cache_masks(S_max, **(masks or {}))
+        read_only = cache_update_index is None
+        new_length = None if read_only else static_shape(keys)[1]
+        if new_length is not None and new_length > S_max:
+            raise ValueError(
+                f"The {new_length} new keys (`key`/`value` length, the query's for "
+                f"self-attention) do not fit in a cache of length S_max={S_max}. "
+                f"Received: S_new={new_length}, {self.describe()}")
+        if read_only:
+            query_positions, _ = positions(query_length, S_max)
+            new = self
+        else:
+            index = check_cache_update_index(cache_update_index, new_length, S_max)
+            length = ops.shape(keys)[1]
+            query_positions, key_positions = positions(query_length, length, index)
+            if rope is not None:
+                keys = rope(keys, key_positions)
+        mask, in_range = fold_positions(None, query_length, S_max, None if read_only else index,
+                                        None if read_only else length, is_causal, window)
+        if not read_only:
+            new = self.write(keys, values, index, in_range)
+        keys, values = new.read(dtype or new.dtype)
+        return CacheUpdate(keys, values, mask, query_positions, new.carried(), in_range)
+
+
+# mypy refuses two tuple bases; at runtime both are `tuple` with empty slots (one layout).
+class KerasHubKVCache(collections.namedtuple("KerasHubKVCache", ("cache",)), KVCache):  # type: ignore[misc]
+    """keras-hub's layout as a `KVCache`: one `(B, 2, S_max, H_kv, d)` tensor.
+
+    What a layer makes of a cache tensor: the same operations as before the
+    object (one `slice_update` of the stacked new keys and values per step,
+    two slices to read), and it hands the tensor back (`carried`), so a
+    tensor given is a tensor returned. Keys and values share d here.
+    """
+
+    __slots__ = ()
+
+    @property
+    def max_length(self):
+        return static_shape(self.cache)[2]
+
+    @property
+    def keys(self):
+        return self.cache[:, 0]
+
+    @property
+    def values(self):
+        return self.cache[:, 1]
+
+    def describe(self):
+        return f"cache.shape={static_shape(self.cache)}"
+
+    def check(self, batch_size, num_key_value_heads, key_dim, value_dim):
+        if value_dim is not None and key_dim is not None and value_dim != key_dim:
+            raise ValueError(
+                "keras-hub's cache tensor (B, 2, S_max, H_kv, d) stores keys and values "
+                "in one tensor: `value_dim` must equal `key_dim` (pass a "
+                "`keras_attn.KVCache` to hold them apart). "
+                f"Received: key_dim={key_dim}, value_dim={value_dim}")
+        return check_cache(self.cache, batch_size, num_key_value_heads, key_dim)[2]
+
+    def write(self, keys, values, cache_update_index, in_range=None):
+        return KerasHubKVCache(write(self.cache, keys, values, cache_update_index, in_range))
+
+    def read(self, dtype):
+        return read(self.cache, dtype)
+
+    def carried(self):
+        return self.cache
+
+    def to_keras_hub(self):
+        return self.cache
+
+
+def cache_length(cache) -> int | None:
+    """S_max of a cache argument: a `KVCache`, or keras-hub's `(B, 2, S_max, ...)` tensor."""
+    if isinstance(cache, KVCache):
+        return cache.max_length
+    shape = static_shape(cache)
+    return shape[2] if len(shape) > 2 else None
+
+
+def cache_shape(cache):
+    """The static shape of a cache argument, for messages: a tuple, or for a `KVCache`
+    the keys' and values' shapes as a dict."""
+    if isinstance(cache, KVCache) and not isinstance(cache, KerasHubKVCache):
+        return {"keys": static_shape(cache.keys), "values": static_shape(cache.values)}
+    return static_shape(cache.cache if isinstance(cache, KerasHubKVCache) else cache)
+
+
+def cache_spec(cache):
+    """`KerasTensor`s with the structure, shapes and dtypes of a cache (symbolic calls)."""
+    return keras.tree.map_structure(
+        lambda x: keras.KerasTensor(x.shape, dtype=x.dtype), cache)
+
+
 def empty_cache(layer: keras.layers.Layer, batch_size: int, max_length: int,
-                dtype: str | None = None) -> Tensor:
+                dtype: str | None = None, *, as_kv_cache: bool = False) -> Tensor:
     """A zero key/value cache for `layer`, to be filled by calls with an update index.
 
     Args:
@@ -69,10 +394,13 @@ def empty_cache(layer: keras.layers.Layer, batch_size: int, max_length: int,
             and generated tokens together).
         dtype: the cache's dtype. Defaults to the layer's compute dtype
             (`bfloat16` under `mixed_bfloat16`).
+        as_kv_cache: return a `KVCache` (keys and values apart, so `value_dim`
+            may differ from `key_dim`) rather than keras-hub's tensor.
 
     Returns:
         Zeros `(B, 2, S_max, H_kv, d)`: H_kv the layer's
-        `num_key_value_heads`, d its `key_dim`.
+        `num_key_value_heads`, d its `key_dim`; with `as_kv_cache`, a
+        `KVCache` of keys `(B, S_max, H_kv, d_k)` and values `(B, S_max, H_kv, d_v)`.
 
     Example:
 
@@ -92,96 +420,18 @@ def empty_cache(layer: keras.layers.Layer, batch_size: int, max_length: int,
     batch_size = check_positive_int("batch_size", batch_size)
     max_length = check_positive_int("max_length", max_length)
     dtype = dtype or attention.compute_dtype
+    if as_kv_cache:
+        value_width = getattr(attention, "head_value_dim", None) or width
+        return KVCache.empty(batch_size, max_length, heads, width, value_width, dtype)
     return ops.zeros((batch_size, 2, max_length, heads, width), dtype=dtype)
-
-
-def check_cache(cache, batch_size, kv_heads, head_dim):
-    """`cache` is a floating `(B, 2, S_max, H_kv, d)` tensor; returns its static shape."""
-    shape = static_shape(cache)
-    layout = f"(B, 2, S_max, H_kv, d) = ({batch_size}, 2, S_max, {kv_heads}, {head_dim})"
-    expected = (batch_size, 2, None, kv_heads, head_dim)
-    if len(shape) != 5 or shape[2] is None or any(
-            e is not None and s is not None and s != e for s, e in zip(shape, expected)):
-        raise ValueError(
-            f"`cache` must have shape {layout} with a static S_max (keys then values on "
-            f"axis 1; see `keras_attn.empty_cache`). Received: cache.shape={shape}")
-    dtype = dtype_of(cache)
-    if "float" not in dtype:
-        raise ValueError(
-            f"`cache` must be a floating tensor (see `keras_attn.empty_cache`). "
-            f"Received: cache.dtype={dtype}")
-    return shape
-
-
-def check_cache_update_index(cache_update_index, new_length, max_length):
-    """A position with room for `new_length` keys: an int, or a scalar int32 tensor if traced.
-
-    Every index whose value is known now is range-checked, whatever carries
-    it: a Python or NumPy integer, a 0-d NumPy array, or an eager tensor of
-    any backend (read with `keras.ops.convert_to_numpy`; Keras turns NumPy
-    values into tensors, so "a tensor" does not mean "traced"). Only an index
-    traced by a compiler (`jax.jit`, `tf.function`) has no value yet: it is
-    returned as an int32 tensor, and the caller guards the write with
-    `index_in_range` so that an out-of-range index gives NaN, never a
-    silently clamped write.
-
-    Returns:
-        A Python int (the value was known) or a scalar int32 tensor (traced).
-    """
-    index = cache_update_index
-    if isinstance(index, (bool, np.bool_)) or index is None:
-        raise ValueError(
-            "`cache_update_index` must be an int or a scalar integer tensor. "
-            f"Received: cache_update_index={index!r}")
-    if not isinstance(index, numbers.Integral):
-        if not (hasattr(index, "shape") and hasattr(index, "dtype")):
-            raise ValueError(
-                "`cache_update_index` must be an int or a scalar integer tensor. "
-                f"Received: cache_update_index={index!r}")
-        dtype = keras.backend.standardize_dtype(index.dtype)
-        if len(index.shape) != 0 or "int" not in dtype:
-            raise ValueError(
-                "`cache_update_index` must be an int or a scalar integer tensor. "
-                f"Received: cache_update_index with shape={tuple(index.shape)}, dtype={dtype}")
-        value = concrete_value(index)
-        if value is None:
-            return index if dtype == "int32" else ops.cast(index, "int32")
-        index = value
-    index = int(index)
-    if index < 0 or (new_length is not None and index + new_length > max_length):
-        raise ValueError(
-            f"`cache_update_index` must be in [0, S_max - S_new] = "
-            f"[0, {max_length} - {new_length}]: the {new_length} new keys must fit in "
-            f"the cache. Received: cache_update_index={index}")
-    return index
-
-
-def index_in_range(index, new_length, max_length):
-    """Bool scalar tensor: a traced `index` leaves room for `new_length` keys.
-
-    `ops.slice_update` clamps an out-of-range start (XLA's
-    `dynamic_update_slice`), which would write the keys at the wrong slots
-    while RoPE and the masks use the true position: the layer turns its
-    output and the written keys into NaN instead (`poison`).
-    """
-    return ops.logical_and(ops.greater_equal(index, 0),
-                           ops.less_equal(index, max_length - new_length))
-
-
-def poison(x, ok):
-    """`x` where `ok` (a bool scalar tensor), NaN elsewhere."""
-    return ops.where(ok, x, ops.cast(float("nan"), x.dtype))
 
 
 @contextlib.contextmanager
 def generation_slots(required, max_length):
-    """Inside it, every cache that a call writes part of must hold `required` slots.
+    """Deprecated, and read by no layer: `generate` checks the capacity of its caches itself.
 
-    `keras_attn.generation.generate` opens it around its prefill and its
-    loop: a self-attention cache shorter than the generation would otherwise
-    be found out only at the first write past its end, inside a compiled
-    loop. A write that fills a whole cache at once (a cross-attention cache
-    filled from its memory) is not a growing cache and is not checked.
+    Inside it, `check_generation_slots` refuses a cache shorter than `required`
+    slots (what `keras_attn.generation.generate` used to open around its loop).
     """
     token = _GENERATION.set((required, max_length))
     try:
@@ -191,7 +441,7 @@ def generation_slots(required, max_length):
 
 
 def check_generation_slots(max_length, new_length, layer_name):
-    """Raise if a `generate` is running that needs more slots than this cache has."""
+    """Deprecated: raise if a `generation_slots` block needs more slots than this cache has."""
     need = _GENERATION.get()
     if need is None or new_length is None or new_length >= max_length:
         return
@@ -206,155 +456,3 @@ def check_generation_slots(max_length, new_length, layer_name):
 
 
 _GENERATION = contextvars.ContextVar("keras_attn_generation_slots", default=None)
-
-
-def check_index_has_cache(cache, cache_update_index):
-    """An index says where to write into a cache: without one it is an error."""
-    if cache is None and cache_update_index is not None:
-        raise ValueError(
-            "`cache_update_index` is where new keys are written into `cache`; without "
-            "a cache it has no meaning. Pass `cache=` (see `keras_attn.empty_cache`) "
-            f"or drop the index. Received: cache=None, "
-            f"cache_update_index={cache_update_index!r}")
-
-
-def check_cache_call(cache, batch_size, kv_heads, key_dim, value_dim, key_shape,
-                     cache_update_index, layer_name):
-    """Everything about a call with a cache, before any computation.
-
-    Args:
-        cache: the `cache` argument, `(B, 2, S_max, H_kv, d)`.
-        batch_size, kv_heads, key_dim, value_dim: the layer's B, H_kv, d_k, d_v.
-        key_shape: the static shape of the keys to write, `(B, S_new, k_dim)`
-            (unused for a read-only call).
-        cache_update_index: the index, or None for a read-only call.
-        layer_name: for the messages.
-
-    Returns:
-        `(S_max, index)`: the index as `check_cache_update_index` returns it
-        (None for a read-only call).
-    """
-    if value_dim != key_dim:
-        raise ValueError(
-            "A key/value cache stores keys and values in one tensor "
-            "(B, 2, S_max, H_kv, d): `value_dim` must equal `key_dim`. "
-            f"Received: key_dim={key_dim}, value_dim={value_dim}")
-    S_max = check_cache(cache, batch_size, kv_heads, key_dim)[2]
-    if cache_update_index is None:
-        return S_max, None
-    new_length = key_shape[1]
-    if new_length is not None and new_length > S_max:
-        raise ValueError(
-            f"The {new_length} new keys (`key`/`value` length, the query's for "
-            f"self-attention) do not fit in a cache of length S_max={S_max}. "
-            f"Received: key.shape={key_shape}, cache.shape={static_shape(cache)}")
-    check_generation_slots(S_max, new_length, layer_name)
-    return S_max, check_cache_update_index(cache_update_index, new_length, S_max)
-
-
-def check_cache_masks(S_max, **masks):
-    """With a cache, every mask's key axis is the S_max slots: never broadcast.
-
-    A `(B, 1)` key mask on a one-token step would otherwise broadcast over
-    every slot (a False kills the row, a True drops the prompt's padding).
-    `masks` maps each argument's name to its value (None: not given).
-    """
-    for name, mask in masks.items():
-        if mask is None:
-            continue
-        shape = static_shape(mask)
-        if shape and shape[-1] is not None and shape[-1] != S_max:
-            raise ValueError(
-                f"With a `cache`, `{name}` is over the cache's S_max={S_max} slots: "
-                f"its last axis must be S_max (mark the cached positions, not only "
-                f"the new ones). Received: {name}.shape={shape}")
-
-
-def positions(T, new_length, start=0):
-    """Absolute positions `(T,)` of the queries and `(S_new,)` of the keys.
-
-    The `S_new` keys sit at `start + j` and the T queries end where they
-    end (bottom-right aligned): query i is at `start + S_new - T + i`.
-    Without a cache `start` is 0 and S_new = S; a read-only cache is all
-    written (`start` 0, S_new = S_max). `start` may be a traced tensor.
-    """
-    end = start + new_length  # one past the last key's position
-    return (ops.arange(T, dtype="int32") + (end - T),
-            ops.arange(new_length, dtype="int32") + start)
-
-
-def fold_positions(mask, T, S_max, cache_update_index, new_length, is_causal, window):
-    """`(mask, in_range)` of a call over a cache: the positional rules folded into `mask`.
-
-    Positions over the cache follow `cache_update_index`, which may be
-    traced, so the causal / window / written-slots mask `(T, S_max)` is built
-    explicitly and ANDed into `mask` (`(B|1, H|1, T, S_max)` or None).
-    `new_length` is S_new (None: a read-only call). `in_range` is None, or,
-    for a traced index, the bool tensor that `index_in_range` gives: a
-    traced index cannot be range-checked now, and out of range gives NaN.
-    """
-    mask = combine_masks(mask, cached_positional_mask(
-        T, S_max, cache_update_index, new_length, is_causal, window))
-    in_range = None
-    if new_length is not None and not isinstance(cache_update_index, int):
-        in_range = index_in_range(cache_update_index, new_length, S_max)
-    return mask, in_range
-
-
-def write(cache, keys, values, cache_update_index, in_range=None):
-    """Write `(B, S_new, H_kv, d)` keys and values at `cache_update_index`.
-
-    `in_range` (a bool scalar tensor, for a traced index) turns what is
-    written into NaN when false (see `index_in_range`).
-
-    Returns:
-        The new cache `(B, 2, S_max, H_kv, d)`.
-    """
-    new = _cast(ops.stack([keys, values], axis=1), cache.dtype)  # (B, 2, S_new, H_kv, d)
-    if in_range is not None:
-        new = poison(new, in_range)
-    return ops.slice_update(cache, [0, 0, cache_update_index, 0, 0], new)
-
-
-def read(cache, dtype):
-    """The keys and values `(B, S_max, H_kv, d)` of `cache`, in `dtype`."""
-    return _cast(cache[:, 0], dtype), _cast(cache[:, 1], dtype)
-
-
-def _cast(x, dtype):
-    """`ops.cast`, skipped when `x` already has `dtype` (one op less per decode step)."""
-    if keras.backend.standardize_dtype(x.dtype) == keras.backend.standardize_dtype(dtype):
-        return x
-    return ops.cast(x, dtype)
-
-
-def cached_positional_mask(T, max_length, start, new_length, is_causal, window):
-    """Bool `(T, S_max)`: which cache slots each query may attend.
-
-    Args:
-        T: the query length.
-        max_length: S_max.
-        start: `cache_update_index` (an int or a scalar int tensor), or None
-            for a read-only cache (every slot written).
-        new_length: S_new, the keys written at `start` by this call (unused
-            when `start` is None).
-        is_causal: slot j only if `j <= p`, p the query's absolute position.
-        window: W or None: `0 <= p - j < W` (causal) or `|p - j| < W`.
-
-    Built from `arange` comparisons (never Python control flow on `start`),
-    so one compiled step serves every `start`. Recorded as the `"cached"`
-    path (`keras_attn._policy.observe_paths`), so tests can observe that a
-    call took the cached path.
-    """
-    record_path("cached")
-    if start is None:  # every slot written: the queries are the last T positions
-        allowed = positional_mask(T, max_length, is_causal, window)
-    else:
-        end = start + new_length  # one past the last written slot
-        # Self-attention (S_new == T) under the causal mask: `j <= p` already
-        # excludes every unwritten slot (the last query sits at end - 1).
-        written = None if (is_causal and new_length == T) else end
-        allowed = positional_mask(T, end, is_causal, window, slots=max_length, key_end=written)
-    if allowed is None:
-        return None
-    return ops.broadcast_to(allowed, (T, max_length))

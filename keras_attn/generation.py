@@ -17,7 +17,7 @@ from keras import ops
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Tensor
 from keras_attn._validation import check_positive_int, concrete_value, dtype_of
-from keras_attn.cache import generation_slots
+from keras_attn.cache import KVCache, cache_length, cache_shape
 
 __all__ = ["generate"]
 
@@ -38,8 +38,8 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
     - It returns a tuple `(logits, cache)`. `logits` is floating
       `(B, T, V)`; only the last position is used, so `(B, 1, V)` is
       accepted on the prefill too. `cache` is whatever the function keeps
-      between calls (a tensor, or a list/tuple/dict of tensors such as one
-      `keras_attn.empty_cache(layer, B, L)` per decoder layer): it must
+      between calls (a tensor, a `keras_attn.KVCache`, or a list/tuple/dict
+      of them such as one `keras_attn.empty_cache(layer, B, L)` per decoder layer): it must
       come back with the structure (`keras.tree`: a list stays a list),
       the shapes and the dtypes it was given.
 
@@ -60,7 +60,9 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             every row a full P tokens long, `0 < P < L`. Padding, if any,
             is `next_token_fn`'s to mask (see the example).
         max_length: L, the length of the returned sequences (prompt
-            included). Caches must hold at least L - 1 positions.
+            included). Caches must hold at least L - 1 positions: checked
+            once, on the first decoding step, for every `KVCache` or
+            keras-hub cache tensor in `cache` that the step writes.
         cache: the initial cache passed to the first call.
         end_token_id: None (always generate to `max_length`), one stop
             token id (a Python or NumPy int, a 0-d integer array or
@@ -141,11 +143,8 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
     top_k = check_positive_int("top_k", top_k, allow_none=True)
     stops = _stop_token_ids(end_token_id)  # a tuple of Python ints, () for None
     prompt = ops.cast(prompt, "int32")
-    # Every cache written during the generation must hold positions 0 .. L - 2 (the
-    # last token is chosen, never fed): each layer checks its cache at its first write.
-    with generation_slots(max_length - 1, max_length):
-        tokens = _generate(next_token_fn, prompt, max_length, cache, stops, end_token_id,
-                           temperature, top_k, seed)
+    tokens = _generate(next_token_fn, prompt, max_length, cache, stops, end_token_id,
+                       temperature, top_k, seed)
     check_generated(tokens, max_length)
     return tokens
 
@@ -221,8 +220,10 @@ def _generate(next_token_fn, prompt, max_length, cache, stops, end_token_id, tem
         if step_checked:
             logits, cache = result
         else:
+            given = cache
             logits, cache = _check_returned(result, cache, batch, 1, vocabulary,
                                             prefill=False)
+            check_capacity(given, cache, max_length)
             step_checked.append(True)
         chosen = choose(logits[:, -1], index - prompt_length + 1)
         chosen, done = _finish(chosen, done, stops)
@@ -232,6 +233,50 @@ def _generate(next_token_fn, prompt, max_length, cache, stops, end_token_id, tem
     start = ops.convert_to_tensor(prompt_length, "int32")
     _, tokens, _, _ = ops.while_loop(cond, body, (start, tokens, cache, done))
     return tokens
+
+
+def check_capacity(given, returned, max_length):
+    """Every cache that a decoding step writes must hold positions 0 .. L - 2.
+
+    The one capacity check of a generation, on the first decoding step (at
+    trace time inside a compiled loop): the last token is chosen, never fed,
+    so a cache needs L - 1 slots. A cache is a `keras_attn.KVCache` or
+    keras-hub's `(B, 2, S_max, H_kv, d)` tensor; one that the step hands back
+    untouched (the same tensors: a read-only cross-attention cache, filled
+    whole from its memory) is not a growing cache and is not checked.
+    """
+    def walk(before, after, path):
+        if isinstance(before, KVCache) or _is_array(before):
+            if _untouched(before, after):
+                return
+            shape = cache_shape(before)
+            if isinstance(before, KVCache) or len(shape) == 5 and shape[1] == 2:
+                slots = cache_length(before)
+                if slots is not None and slots < max_length - 1:
+                    raise ValueError(
+                        f"`generate(max_length={max_length})` writes cache positions 0 to "
+                        f"{max_length - 2}: its caches need S_max >= max_length - 1 = "
+                        f"{max_length - 1} slots, but `cache{path}` (written by each "
+                        f"decoding step) has S_max={slots} slots. Make them with "
+                        "`keras_attn.empty_cache(layer, B, max_length)`. Received: "
+                        f"max_length={max_length}, S_max={slots}")
+        elif isinstance(before, (list, tuple)) and isinstance(after, (list, tuple)):
+            for i, (b, a) in enumerate(zip(before, after)):
+                walk(b, a, f"{path}[{i}]")
+        elif isinstance(before, dict) and isinstance(after, dict):
+            for key in before:
+                if key in after:
+                    walk(before[key], after[key], f"{path}[{key!r}]")
+
+    walk(given, returned, "")
+
+
+def _untouched(before, after):
+    """`after` is `before` handed back: the same tensor, or a `KVCache` of the same tensors
+    (Keras rebuilds a named tuple argument, with the same leaves), or not a cache at all."""
+    if isinstance(before, KVCache) and isinstance(after, KVCache):
+        return len(before) == len(after) and all(a is b for a, b in zip(after, before))
+    return after is before or not (isinstance(after, KVCache) or _is_array(after))
 
 
 def _finish(chosen, done, stops):

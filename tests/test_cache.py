@@ -223,7 +223,7 @@ def test_bad_cache_and_index_raise_before_computing():
         (dict(cache=good, cache_update_index=keras.ops.convert_to_tensor([1, 2])),
          r"scalar integer tensor. Received: cache_update_index with shape=\(2,\)"),
         (dict(cache=layer.empty_cache(B, 2), cache_update_index=0),
-         r"do not fit.*Received: key.shape=\(2, 3, 12\), cache.shape=\(2, 2, 2, 2, 4\)"),
+         r"do not fit.*Received: S_new=3, cache.shape=\(2, 2, 2, 2, 4\)"),
         (dict(cache=good, key_mask=np.ones((B, 3), bool), cache_update_index=0),
          r"`key_mask` is over the cache's S_max=10 slots.*Received: key_mask.shape=\(2, 3\)"),
     ]

@@ -257,13 +257,22 @@ def _block_lm():
 
 
 def test_generate_refuses_a_cache_shorter_than_the_generation():
-    """It used to finish with wrong tokens (JAX, TF) or a raw IndexError (torch)."""
+    """It used to finish with wrong tokens (JAX, TF) or a raw IndexError (torch).
+
+    `generate` checks the caches that its first decoding step writes. With 3 slots
+    (P = 3: the prefill fills them) an eager step (torch, numpy, TF's eager loop)
+    refuses its index first, naming it; a traced one reaches `generate`'s check.
+    """
     block, next_token = _block_lm()
     prompt = np.array([[1, 2, 3], [4, 5, 6]], "int32")
     for slots in (3, 5, 6):  # max_length 8 needs 7 slots
-        with pytest.raises(ValueError, match=rf"S_max >= max_length - 1 = 7 slots.*"
-                           rf"Received: max_length=8, S_max={slots}"):
+        capacity = rf"S_max >= max_length - 1 = 7 slots.*Received: max_length=8, S_max={slots}"
+        index = r"\[0, 3 - 1\].*Received: cache_update_index=3"
+        with pytest.raises(ValueError, match=capacity if slots > 3 else f"{capacity}|{index}"):
             generate(next_token, prompt, 8, keras_attn.empty_cache(block, B, slots))
+        with pytest.raises(ValueError, match=capacity if slots > 3 else f"{capacity}|{index}"):
+            generate(next_token, prompt, 8,
+                     keras_attn.empty_cache(block, B, slots, as_kv_cache=True))
     generate(next_token, prompt, 8, keras_attn.empty_cache(block, B, 7))
     compiled = _compiled(lambda p, c: generate(next_token, p, 8, c))
     if compiled is not None:  # the whole generation traced: refused at trace time
@@ -274,15 +283,28 @@ def test_generate_refuses_a_cache_shorter_than_the_generation():
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="needs a tracing compiler: "
                     "eager steps check every index's value")
 def test_generate_with_a_step_compiled_earlier_still_refuses_a_short_cache():
-    """A step traced before (a cache hit) skips the layer's check: NaN, then -1, then a ValueError."""
+    """A step traced before (a cache hit) skips the layer's checks; `generate`'s own capacity
+    check still refuses the cache, and a cache it cannot see gives NaN, then -1, then a
+    ValueError."""
     block, next_token = _block_lm()
     step = _compiled(next_token)
     prompt = np.array([[1, 2, 3], [4, 5, 6]], "int32")
     cache = keras_attn.empty_cache(block, B, 5)
     good = to_numpy(generate(step, prompt, 6, cache))  # traces the step: 5 slots suffice
     np.testing.assert_array_equal(good, to_numpy(generate(next_token, prompt, 6, cache)))
-    with pytest.raises(ValueError, match=r"NaN or infinite logits.*Received: max_length=8"):
+    with pytest.raises(ValueError, match=r"S_max >= max_length - 1 = 7 slots.*"
+                       r"Received: max_length=8, S_max=5"):
         generate(step, prompt, 8, cache)
+    # The same cache folded to rank 4: no cache layout `generate` knows, so only the NaN
+    # that the out-of-range traced write gives is left to find it.
+    folded = keras.ops.reshape(cache, (B * 2,) + tuple(cache.shape[2:]))
+
+    def hidden(ids, flat, index):
+        logits, new = step(ids, keras.ops.reshape(flat, cache.shape), index)
+        return logits, keras.ops.reshape(new, flat.shape)
+
+    with pytest.raises(ValueError, match=r"NaN or infinite logits.*Received: max_length=8"):
+        generate(hidden, prompt, 8, folded)
 
 
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="needs a tracing compiler")

@@ -76,44 +76,51 @@ class TracedStep:
     def __call__(self, token_ids, cache, cache_update_index):
         import torch
 
-        # A list or tuple of cache tensors (CausalLM's), else a single tensor. Plain
-        # Python here, not keras.tree: this runs at every token (about 1 ms per call
-        # with keras.tree's flatten and pack on a 4-block model).
-        caches = list(cache) if isinstance(cache, (list, tuple)) else [cache]
-        leaves = [token_ids, *caches, cache_update_index]
+        # A list or tuple of caches (CausalLM's), else a single cache; a cache is a
+        # tensor or a named tuple of tensors (`keras_attn.KVCache`). Plain Python here,
+        # not keras.tree: this runs at every token (about 1 ms per call with
+        # keras.tree's flatten and pack on a 4-block model).
+        layout, flat = _flatten(cache)
+        leaves = [token_ids, *flat, cache_update_index]
         if not all(isinstance(x, torch.Tensor) for x in leaves):
             return self.fn(token_ids, cache, cache_update_index)
-        signature = (type(cache),) + tuple((tuple(x.shape), x.dtype, x.device) for x in leaves)
+        signature = (layout,) + tuple((tuple(x.shape), x.dtype, x.device) for x in leaves)
         if signature not in self.graphs:
-            self.graphs[signature] = self._trace((token_ids, cache, cache_update_index))
+            self.graphs[signature] = self._trace((token_ids, cache, cache_update_index),
+                                                 layout, flat)
         graph = self.graphs[signature]
         if graph is None:
             return self.fn(token_ids, cache, cache_update_index)
         self.graph_calls += 1
-        logits, new = graph(self._values(), token_ids, cache, cache_update_index)
-        if isinstance(cache, (list, tuple)):
-            new = type(cache)(new)
-        return logits, new
+        logits, new = graph(self._values(), token_ids, flat, cache_update_index)
+        return logits, _unflatten(layout, new)
 
     def _values(self):
         return [v.value.detach() for v in self.variables]
 
-    def _pure(self, values, *args):
+    def _pure(self, values, token_ids, flat, index, layout):
+        """The step on a flat list of cache tensors: `(logits, new cache tensors)`."""
         with keras.StatelessScope(state_mapping=list(zip(self.variables, values))):
-            return self.fn(*args)
+            logits, new = self.fn(token_ids, _unflatten(layout, flat), index)
+        return logits, _flatten(new)[1]
 
-    def _trace(self, args):
+    def _trace(self, args, layout, flat):
         import torch
         from torch.fx.experimental.proxy_tensor import make_fx
 
         token_ids, cache, index = args
+
+        def pure(values, token_ids, flat, index):
+            return self._pure(values, token_ids, flat, index, layout)
+
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # TracerWarnings about the graph's constants
                 with torch.no_grad():
-                    graph = make_fx(self._pure, tracing_mode="fake")(self._values(), *args)
-                    graph = torch.jit.trace(graph, (self._values(), *args), strict=False,
-                                            check_trace=False)
+                    graph = make_fx(pure, tracing_mode="fake")(
+                        self._values(), token_ids, flat, index)
+                    graph = torch.jit.trace(graph, (self._values(), token_ids, flat, index),
+                                            strict=False, check_trace=False)
                 _simplify(graph.graph)
         except Exception as error:  # a step that reads values (`int(index)`), say
             warnings.warn(
@@ -127,7 +134,7 @@ class TracedStep:
         for at in (index, other):
             with torch.no_grad():
                 expected = keras.tree.flatten(self.fn(token_ids, cache, at))
-                got = keras.tree.flatten(graph(self._values(), token_ids, cache, at))
+                got = keras.tree.flatten(graph(self._values(), token_ids, flat, at))
             difference = max(_relative_error(a, b) for a, b in zip(expected, got, strict=True))
             if not difference <= _TOLERANCE:
                 warnings.warn(
@@ -136,6 +143,32 @@ class TracedStep:
                     "this shape decodes eagerly (slower, same tokens).", stacklevel=4)
                 return None
         return graph
+
+
+def _is_named(x):
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
+
+
+def _flatten(cache):
+    """`(layout, tensors)`: a cache (a tensor, a named tuple of tensors, or a list/tuple
+    of those) as a hashable description of its structure and its flat tensors."""
+    many = isinstance(cache, list) or (isinstance(cache, tuple) and not _is_named(cache))
+    caches = list(cache) if many else [cache]
+    kinds = tuple(type(c) if _is_named(c) else None for c in caches)
+    flat = [x for c, kind in zip(caches, kinds) for x in (c if kind else (c,))]
+    return (type(cache) if many else None, kinds), flat
+
+
+def _unflatten(layout, flat):
+    """The cache of `layout` with the tensors `flat` (what `_flatten` gave)."""
+    outer, kinds = layout
+    caches, at = [], 0
+    for kind in kinds:
+        width = len(kind._fields) if kind else 1
+        part = flat[at:at + width]
+        caches.append(kind(*part) if kind else part[0])
+        at += width
+    return caches[0] if outer is None else outer(caches)
 
 
 def _simplify(graph):

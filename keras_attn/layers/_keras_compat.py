@@ -19,6 +19,7 @@ from keras_attn._validation import (
     check_rank,
 )
 from keras_attn.attention import causal_mask, combine_masks, sliding_window_mask
+from keras_attn.cache import cache_length, cache_spec
 
 __all__ = [
     "call_keras_hook",
@@ -241,9 +242,9 @@ def output_spec(layer, query, value, key, return_attention_scores, cache):
     results = (keras.KerasTensor(layer.compute_output_shape(query.shape),
                                  dtype=layer.compute_dtype),)
     if return_attention_scores:
-        S = source.shape[1] if cache is None else cache.shape[2]
+        S = source.shape[1] if cache is None else cache_length(cache)
         results += (keras.KerasTensor((query.shape[0], layer.num_heads, query.shape[1], S),
                                       dtype=layer.compute_dtype),)
     if cache is not None:
-        results += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+        results += (cache_spec(cache),)  # a KVCache's spec is a KVCache
     return results if len(results) > 1 else results[0]

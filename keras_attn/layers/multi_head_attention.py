@@ -1,6 +1,7 @@
 """Multi-head attention (paper Section 3.2.2) as a Keras layer. `call`: resolve the inputs
-(`_keras_compat`) -> check them and the cache (`keras_attn.cache`) -> project and write the
-cache (`_projection`) -> attention (`_compute_attention`, if overridden) -> output projection.
+(`_keras_compat`) -> check them, project (`_projection`) -> one `KVCache.update` with a cache
+(`keras_attn.cache`: checks, RoPE'd keys written, slots read, positional mask) -> attention
+(`_compute_attention`, if overridden) -> output projection.
 """
 
 import dataclasses
@@ -124,10 +125,12 @@ class MultiHeadAttention(keras.layers.Layer):
             `j <= i + (S - T)`.
         mask: the query's Keras mask when `query` is the only tensor
             argument (Keras fills it in); used as `query_mask`.
-        cache: a key/value cache `(B, 2, S_max, H_kv, d)` (keys, then
-            values, after qk-norm and RoPE; `keras_attn.empty_cache`), or
-            None; `value_dim` must equal `key_dim`. Attention then runs over
-            the S_max slots: the masks' key axis is exactly S_max.
+        cache: a `keras_attn.KVCache` (keys `(B, S_max, H_kv, d_k)` and
+            values `(B, S_max, H_kv, d_v)` apart, after qk-norm and RoPE), or
+            keras-hub's tensor `(B, 2, S_max, H_kv, d)` (keys, then values;
+            `keras_attn.empty_cache`; `value_dim` must then equal `key_dim`),
+            or None. Attention then runs over the S_max slots: the masks' key
+            axis is exactly S_max.
         cache_update_index: an int or scalar int tensor: where the S_new new
             keys and values are written, in `[0, S_max - S_new]` (else a
             `ValueError`, or NaN output for a traced index). Positions (RoPE,
@@ -138,8 +141,8 @@ class MultiHeadAttention(keras.layers.Layer):
     Returns:
         The output `(B, T, output_dim)`, and with
         `return_attention_scores=True` also the weights `(B, H, T, S)`
-        (S = S_max with a cache). With a `cache`, the updated cache
-        `(B, 2, S_max, H_kv, d)` comes last: `(output, new_cache)` or
+        (S = S_max with a cache). With a `cache`, the updated cache, of the
+        kind given (a `KVCache`, or a tensor `(B, 2, S_max, H_kv, d)`), comes last: `(output, new_cache)` or
         `(output, scores, new_cache)`. A query that may attend no key gets
         a zero attention output.
 
@@ -234,7 +237,7 @@ class MultiHeadAttention(keras.layers.Layer):
              use_causal_mask=False, mask=None, cache=None, cache_update_index=None):
         compat.check_flash_attention(self._flash_attention,
                                      return_attention_scores=return_attention_scores)
-        kv_cache.check_index_has_cache(cache, cache_update_index)
+        cache_in = kv_cache.KVCache.of(cache, cache_update_index)  # a tensor: keras-hub's layout
         given = dict(attention_mask=attention_mask, key_mask=key_mask, value_mask=value_mask)
         read_only = cache is not None and cache_update_index is None
         value, key, value_mask, key_mask = compat.resolve_inputs(
@@ -242,23 +245,25 @@ class MultiHeadAttention(keras.layers.Layer):
             key_mask, cache, read_only)
         compat.check_inputs(self, query, value, key)
         (B, T), H, d_v = static_shape(query)[:2], self.num_heads, self.head_value_dim
-        S = None if read_only else static_shape(key)[1]  # S_new with a cache
-        if cache is not None:
-            S_max, cache_update_index = kv_cache.check_cache_call(
-                cache, B, self.num_key_value_heads, self.key_dim, d_v,
-                None if read_only else static_shape(key), cache_update_index, self.name)
-            kv_cache.check_cache_masks(S_max, **given)  # as given: before `resolve_inputs`
+        q, k, v = self._project(query, key, value, cache is not None, read_only)
+        is_causal, window, step = use_causal_mask, self.sliding_window, None
+        if cache is not None:  # the one cache call: checks, RoPE'd keys written, slots read
+            step = cache_in.update(
+                k, v, cache_update_index, query_length=T, batch_size=B,
+                num_key_value_heads=self.num_key_value_heads, key_dim=self.key_dim,
+                value_dim=d_v, is_causal=use_causal_mask, window=window, dtype=q.dtype,
+                rope=self._rope_keys if self.rope_max_wavelength is not None else None,
+                masks=given)  # the masks as given: before `resolve_inputs`
+            if self.rope_max_wavelength is not None:
+                q = projection.rope(q, step.query_positions, self.options)
+            k, v = step.keys, step.values  # (B, S_max, H_kv, d_k | d_v)
+            is_causal, window = False, None  # in `step.mask` (the index may be traced)
         key_padding = combine_masks(as_bool_mask("key_mask", key_mask),
                                     as_bool_mask("value_mask", value_mask))
-        S_all = S if cache is None else S_max  # the keys attended
+        S_all = static_shape(key)[1] if cache is None else cache_in.max_length  # keys attended
         mask_4d = compat.merge_masks(B, T, S_all, H, attention_mask, key_padding)
-        is_causal, window, in_range = use_causal_mask, self.sliding_window, None
-        if cache is not None:  # the positional rules go into the mask (the index may be traced)
-            mask_4d, in_range = kv_cache.fold_positions(
-                mask_4d, T, S_max, cache_update_index, None if read_only else ops.shape(key)[1],
-                use_causal_mask, window)
-            is_causal, window = False, None
-        q, k, v, new_cache = self._project(query, key, value, cache, cache_update_index, in_range)
+        if step is not None:
+            mask_4d = combine_masks(mask_4d, step.mask)
         if type(self)._compute_attention is not MultiHeadAttention._compute_attention:
             attended, scores, heads_first = compat.call_keras_hook(
                 self, q, k, v, mask_4d, training, return_attention_scores, is_causal, window)
@@ -269,9 +274,9 @@ class MultiHeadAttention(keras.layers.Layer):
         if self.use_gate:
             attended = projection.gate(self.gate_dense, query, attended, H, d_v, heads_first)
         output = projection.project_output(self.output_dense, attended, H, d_v, heads_first)
-        output = output if in_range is None else kv_cache.poison(output, in_range)  # (B, T, D_out)
+        output = output if step is None else step.poison(output)  # (B, T, D_out)
         results = ((output, scores) if return_attention_scores else (output,)) + (
-            () if cache is None else (new_cache,))
+            () if cache is None else (step.cache,))
         return results if len(results) > 1 else output
 
     def _compute_attention(self, query, key, value, attention_mask=None, training=None,
@@ -306,36 +311,35 @@ class MultiHeadAttention(keras.layers.Layer):
             seed=self.seed_generator, training=training, return_attention_scores=return_scores,
             cached=cached)
 
-    def _project(self, query, key, value, cache, cache_update_index, in_range=None):
-        """`(q, k, v, new_cache)` in `(B, L, heads, d)` after qk-norm and RoPE.
+    def _project(self, query, key, value, cached=False, read_only=False):
+        """`(q, k, v)` in `(B, L, heads, d)` after qk-norm, and RoPE without a cache.
 
-        With a cache the new keys and values are written at
-        `cache_update_index` (NaN where `in_range` is false) and k, v are the
-        cache's `(B, S_max, H_kv, d)`; a read-only cache takes no `key`/`value`.
+        With a cache, RoPE follows the cache's positions: `KVCache.update`
+        rotates the new keys (`_rope_keys`) and gives the queries' positions.
+        A read-only cache takes no `key`/`value` (k and v None).
         """
         d_k, d_v, H_kv = self.key_dim, self.head_value_dim, self.num_key_value_heads
         q = projection.project_heads(self.query_dense, query, self.num_heads, d_k)  # (B, T, H, d_k)
-        read_only = cache is not None and cache_update_index is None
+        k = v = None
         if not read_only:
             k = projection.project_heads(self.key_dense, key, H_kv, d_k)  # (B, S_new, H_kv, d_k)
             v = projection.project_heads(self.value_dense, value, H_kv, d_v)  # (B, S_new, H_kv, d_v)
         if self.qk_norm is not None:
             q = self.query_norm(q)
             k = None if read_only else self.key_norm(k)
-        if self.rope_max_wavelength is not None:
-            q, k = projection.rope_heads(
-                q, None if read_only else k, ops.shape(query)[1],
-                None if read_only else ops.shape(key)[1], cache, cache_update_index, self.options)
-        if cache is None:
-            return q, k, v, None
-        new_cache = cache if read_only else kv_cache.write(cache, k, v, cache_update_index,
-                                                           in_range)
-        k, v = kv_cache.read(new_cache, q.dtype)  # (B, S_max, H_kv, d) each
-        return q, k, v, new_cache
+        if self.rope_max_wavelength is not None and not cached:
+            q, k = projection.rope_heads(q, k, ops.shape(query)[1], ops.shape(key)[1], None,
+                                         None, self.options)
+        return q, k, v
 
-    def empty_cache(self, batch_size, max_length, dtype=None):
-        """Zeros `(B, 2, S_max, H_kv, d)`; see `keras_attn.empty_cache`."""
-        return kv_cache.empty_cache(self, batch_size, max_length, dtype)
+    def _rope_keys(self, keys, positions):
+        """RoPE of the new keys at their absolute positions (`KVCache.update`'s `rope`)."""
+        return projection.rope(keys, positions, self.options)
+
+    def empty_cache(self, batch_size, max_length, dtype=None, *, as_kv_cache=False):
+        """Zeros `(B, 2, S_max, H_kv, d)`, or a `KVCache`; see `keras_attn.empty_cache`."""
+        return kv_cache.empty_cache(self, batch_size, max_length, dtype,
+                                    as_kv_cache=as_kv_cache)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         query_shape = check_rank("query", query_shape, 3, "(B, T, q_dim)")

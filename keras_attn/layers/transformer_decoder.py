@@ -5,6 +5,7 @@ import keras
 from keras_attn._shapes import static_shape
 from keras_attn._validation import check_rank
 from keras_attn.attention import combine_masks
+from keras_attn.cache import cache_length, cache_shape, cache_spec
 from keras_attn.layers._transformer_base import TransformerLayerBase
 
 __all__ = ["TransformerDecoderLayer"]
@@ -63,7 +64,8 @@ class TransformerDecoderLayer(TransformerLayerBase):
             `memory`, filled in by Keras; used like the padding masks.
         self_attention_cache: the self-attention's key/value cache
             `(B, 2, S_max, H_kv, d)` (`keras_attn.empty_cache(layer, B,
-            S_max)`), or None. With it, `padding_mask` is `(B, S_max)` and
+            S_max)`) or a `keras_attn.KVCache` (`as_kv_cache=True`; returned
+            as one), or None. With it, `padding_mask` is `(B, S_max)` and
             `attention_mask` broadcasts to `(B, T, S_max)`, over the cache
             slots; a Keras mask of `inputs` raises a `ValueError`.
         self_attention_cache_update_index: where the T new tokens are
@@ -159,7 +161,7 @@ class TransformerDecoderLayer(TransformerLayerBase):
             raise ValueError(
                 f"Layer '{self.name}' was built without `memory` and has no "
                 "cross-attention to cache. Received: cross_attention_cache.shape="
-                f"{tuple(cross_attention_cache.shape)}"
+                f"{cache_shape(cross_attention_cache)}"
             )
 
     def _check_call(self, inputs, memory, keras_mask, padding_mask, attention_mask,
@@ -181,7 +183,7 @@ class TransformerDecoderLayer(TransformerLayerBase):
                 "`cross_attention_cache` is used together with `self_attention_cache` "
                 "(incremental decoding); pass both, or neither. Received: "
                 "self_attention_cache=None, cross_attention_cache.shape="
-                f"{tuple(cross_cache.shape)}")
+                f"{cache_shape(cross_cache)}")
         if self_cache is None:
             return
         if self_index is None:
@@ -191,7 +193,7 @@ class TransformerDecoderLayer(TransformerLayerBase):
                 "`self_attention_cache` needs `self_attention_cache_update_index`: the "
                 "position where this call's T new tokens are written (0 for the prompt, "
                 "then the number of tokens so far). Received: "
-                f"self_attention_cache.shape={tuple(self_cache.shape)}, "
+                f"self_attention_cache.shape={cache_shape(self_cache)}, "
                 "self_attention_cache_update_index=None")
         if keras_mask is not None:
             # The inputs' Keras mask covers the T new tokens; with a cache the
@@ -206,7 +208,7 @@ class TransformerDecoderLayer(TransformerLayerBase):
         if cross_cache is not None:
             masks += [("memory_padding_mask", memory_padding_mask, cross_cache),
                       ("memory_attention_mask", memory_attention_mask, cross_cache)]
-            S_max, S = static_shape(cross_cache)[2], None
+            S_max, S = cache_length(cross_cache), None
             if memory is not None and cross_index is not None:
                 S = static_shape(memory)[1]
             if None not in (S, S_max) and S != S_max:
@@ -217,11 +219,11 @@ class TransformerDecoderLayer(TransformerLayerBase):
                     f"over all its slots: its S_max={S_max} must equal the memory's length "
                     f"S={S} (`layer.cross_attention.empty_cache(B, S)`). Received: "
                     f"memory.shape={static_shape(memory)}, "
-                    f"cross_attention_cache.shape={static_shape(cross_cache)}")
+                    f"cross_attention_cache.shape={cache_shape(cross_cache)}")
         for name, value, cache in masks:
             if value is None:
                 continue
-            slots, shape = static_shape(cache)[2], static_shape(value)
+            slots, shape = cache_length(cache), static_shape(value)
             if shape and shape[-1] is not None and shape[-1] != slots:
                 raise ValueError(
                     f"With a cache, `{name}` is over its S_max={slots} slots: the last axis "
@@ -247,12 +249,12 @@ class TransformerDecoderLayer(TransformerLayerBase):
             caches = ((self_attention_cache, inputs, self._score_heads(self.self_attention)),
                       (cross_attention_cache, memory, self.num_heads))
             for cache, keys, heads in caches[:1 + self.has_memory]:
-                S = cache.shape[2] if cache is not None else keys.shape[1]
+                S = cache_length(cache) if cache is not None else keys.shape[1]
                 results.append(
                     keras.KerasTensor((B, heads, T, S), dtype=self.compute_dtype))
         for cache in (self_attention_cache, cross_attention_cache):
             if cache is not None:
-                results.append(keras.KerasTensor(cache.shape, dtype=cache.dtype))
+                results.append(cache_spec(cache))  # a KVCache's spec is a KVCache
         return tuple(results) if len(results) > 1 else results[0]
 
     def call(

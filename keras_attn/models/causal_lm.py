@@ -67,7 +67,8 @@ class _GenerateLoop(keras.Model):
     def call(self, prompt_ids):
         self.traces += 1
         batch = prompt_ids.shape[0]
-        caches = [empty_cache(block, batch, self.max_length) for block in self.lm.blocks]
+        caches = [empty_cache(block, batch, self.max_length, as_kv_cache=True)
+                  for block in self.lm.blocks]
         step = self.lm.next_token_logits
         if self.step is not None:
             self.step.follow(self.lm.variables)  # once per call: the weights may have changed
@@ -304,8 +305,10 @@ class CausalLM(keras.Model):
     def next_token_logits(self, token_ids, caches, cache_update_index):
         """One cached step: `(logits (B, T, V), caches)`, the `next_token_fn` of `generate`.
 
-        `caches` is a list of one `keras_attn.empty_cache(block, B, S_max)` per
-        block; the T tokens are the positions `cache_update_index + i`.
+        `caches` is a list of one cache per block: a `keras_attn.KVCache`
+        (`keras_attn.empty_cache(block, B, S_max, as_kv_cache=True)`, what
+        `generate` uses) or keras-hub's tensor (`empty_cache(block, B, S_max)`);
+        the T tokens are the positions `cache_update_index + i`.
         """
         x = self._embed(token_ids)
         new_caches = []
@@ -381,7 +384,8 @@ class CausalLM(keras.Model):
         prompt = concrete_value(prompt_ids)
         if (keras.backend.backend() == "numpy" or prompt is None
                 or (sampling and not isinstance(seed, numbers.Integral))):
-            caches = [empty_cache(block, batch, max_length) for block in self.blocks]
+            caches = [empty_cache(block, batch, max_length, as_kv_cache=True)
+                      for block in self.blocks]
             return generate_tokens(self.next_token_logits, prompt_ids, max_length, caches,
                                    end_token_id=end_token_id, temperature=temperature,
                                    top_k=top_k, seed=seed)
