@@ -188,7 +188,7 @@ def test_tensorflow_auto_follows_how_the_call_runs():
     tf.function (Keras's fit and predict on a CPU) and eager stay fused."""
     import tensorflow as tf
 
-    from keras_attn import _hooks, _policy
+    from keras_attn import _hooks
 
     assert _hooks.get("execution_mode") is _device.execution_mode  # registered in _device
     g = rng(3)

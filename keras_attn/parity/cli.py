@@ -18,12 +18,11 @@ import time
 
 import numpy as np
 
-from keras_attn.parity.worker import NO_GPU_EXIT, PROGRESS
-from keras_attn.testing.tolerances import TOLERANCES
-
 # The backends and how to tell they are installed (numpy needs jax and scipy) are the
 # command's front door's, which finds them without importing anything.
 from keras_attn.cli import BACKENDS, REQUIRES, installed_backends, quiet_environment
+from keras_attn.parity.worker import NO_GPU_EXIT, PROGRESS
+from keras_attn.testing.tolerances import TOLERANCES
 
 __all__ = ["BACKENDS", "REQUIRES", "add_arguments", "installed_backends", "run"]
 
