@@ -132,7 +132,7 @@ def check_index_has_cache(cache, cache_update_index):
             f"cache_update_index={cache_update_index!r}")
 
 
-def check_cache_call(cache, batch_size, kv_heads, key_dim, value_dim, key_shape,
+def check_cache_call(cache, batch_size, kv_heads, key_dim, value_dim, key_shape, *,
                      cache_update_index, layer_name):
     """Everything about a call with a cache, before any computation.
 
@@ -197,7 +197,7 @@ def positions(T, new_length, start=0):
             ops.arange(new_length, dtype="int32") + start)
 
 
-def fold_positions(mask, T, S_max, cache_update_index, new_length, is_causal, window):
+def fold_positions(mask, T, S_max, cache_update_index, new_length, *, is_causal, window):
     """`(mask, in_range)` of a call over a cache: the positional rules folded into `mask`.
 
     Positions over the cache follow `cache_update_index`, which may be

@@ -33,16 +33,16 @@ def combine_masks(*masks):
     return combined
 
 
-def may_attend(query_position, key_position, is_causal=False, window=None, key_end=None):
+def may_attend(query_position, key_position, is_causal=False, sliding_window=None, key_end=None):
     """Bool: the query at absolute position p may attend the key at position j.
 
     Args:
         query_position: int32 positions p, broadcastable against
             `key_position` (usually `(T, 1)`). Unused (may be None) when
-            neither `is_causal` nor `window` is set.
+            neither `is_causal` nor `sliding_window` is set.
         key_position: int32 positions j (usually `(1, S)`).
         is_causal: `j <= p`.
-        window: W or None: `p - j < W` (causal; W keys, the query's own
+        sliding_window: W or None: `p - j < W` (causal; W keys, the query's own
             included) or `|p - j| < W` (not causal).
         key_end: keys at `j >= key_end` are never attended (an int or a
             scalar int tensor), or None.
@@ -52,13 +52,13 @@ def may_attend(query_position, key_position, is_causal=False, window=None, key_e
         restricts the keys.
     """
     allowed = None if key_end is None else ops.less(key_position, key_end)
-    if is_causal or window is not None:
+    if is_causal or sliding_window is not None:
         distance = query_position - key_position
         if is_causal:
             allowed = and_masks(allowed, ops.greater_equal(distance, 0))
-        if window is not None:
+        if sliding_window is not None:
             reach = distance if is_causal else ops.abs(distance)
-            allowed = and_masks(allowed, ops.less(reach, window))
+            allowed = and_masks(allowed, ops.less(reach, sliding_window))
     return allowed
 
 
@@ -75,22 +75,22 @@ def query_positions(T, S):
     return rows + (S - T)
 
 
-def positional_mask(T, S, is_causal=False, window=None, slots=None, key_end=None):
+def positional_mask(T, S, is_causal=False, sliding_window=None, slots=None, key_end=None):
     """Bool `(T, slots)` of the queries bottom-right aligned over S keys, or None.
 
     Args:
         T, S: query and key lengths (ints or scalar tensors): query i sits at
             `i + (S - T)`.
-        is_causal, window, key_end: as in `may_attend`.
+        is_causal, sliding_window, key_end: as in `may_attend`.
         slots: the number of key positions (`0 .. slots - 1`) the mask spans;
             defaults to S. A cache spans its S_max slots while its queries
             are aligned to the last written one.
 
     Returns:
-        None when neither `is_causal`, `window` nor `key_end` restricts the
+        None when neither `is_causal`, `sliding_window` nor `key_end` restricts the
         keys; else a mask that broadcasts to `(T, slots)` (`(T, slots)`
-        itself whenever `is_causal` or `window` is set).
+        itself whenever `is_causal` or `sliding_window` is set).
     """
     keys = ops.expand_dims(ops.arange(S if slots is None else slots, dtype="int32"), 0)  # (1, S)
-    rows = query_positions(T, S) if (is_causal or window is not None) else None
-    return may_attend(rows, keys, is_causal, window, key_end)
+    rows = query_positions(T, S) if (is_causal or sliding_window is not None) else None
+    return may_attend(rows, keys, is_causal, sliding_window, key_end)

@@ -272,7 +272,7 @@ def device_kind(tensor=None):
     return _default_device_kind()
 
 
-def block_size_for(lead, T, S, banded=False, blocks=BLOCKS, window=None):
+def block_size_for(lead, T, S, banded=False, blocks=BLOCKS, sliding_window=None):
     """The blockwise block length for a call (a set size overrides the choice).
 
     Args:
@@ -284,7 +284,7 @@ def block_size_for(lead, T, S, banded=False, blocks=BLOCKS, window=None):
             skipped.
         blocks: the `BlockRule` (defaults to `BLOCKS`; `block_rule(backend)`
             gives a backend's).
-        window: the sliding window when banded by one (None: causal).
+        sliding_window: the window when banded by one (None: causal).
     """
     size = block_size_override()
     if size is None:
@@ -295,7 +295,7 @@ def block_size_for(lead, T, S, banded=False, blocks=BLOCKS, window=None):
 
         size = largest(blocks.tile_scores)
         longest = max(T or 1, S or 1)
-        long_causal = (window is None and blocks.long_causal_blocks is not None
+        long_causal = (sliding_window is None and blocks.long_causal_blocks is not None
                        and longest >= blocks.long_causal_blocks * size)
         if banded and not long_causal:
             size = largest(blocks.tile_scores // 2)

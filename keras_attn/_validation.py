@@ -61,9 +61,10 @@ def _check_non_negative_float(name, value):
     return float(value)
 
 
-def check_rope_scaling(rope_type, scaling_factor, low_freq_factor, high_freq_factor,
-                       original_max_position_embeddings, beta_fast, beta_slow, attention_factor,
-                       mscale, mscale_all_dim, truncate, prefix=""):
+def check_rope_scaling(rope_type, scaling_factor, *, low_freq_factor=1.0, high_freq_factor=4.0,
+                       original_max_position_embeddings=None, beta_fast=32.0, beta_slow=1.0,
+                       attention_factor=None, mscale=None, mscale_all_dim=None, truncate=True,
+                       prefix=""):
     """The RoPE type and its parameters, checked and normalised (a dict by the unprefixed names).
 
     Error messages name each argument as `prefix + name` (`rope_beta_fast` in

@@ -46,6 +46,7 @@ from keras_attn._validation import (
     check_positive_float,
     check_positive_int,
 )
+from keras_attn.options import KernelSpec, kernel_spec
 
 __all__ = [
     "attend",
@@ -116,7 +117,7 @@ def padding_mask(lengths, max_length):
     return ops.less(positions, ops.expand_dims(ops.cast(lengths, "int32"), 1))
 
 
-def _validate(query, key, value, mask, bias, dropout_rate, sliding_window, logit_soft_cap):
+def _validate(query, key, value, mask, bias, *, dropout_rate, sliding_window, logit_soft_cap):
     """Check dtypes, ranks, widths, lengths, heads and mask shapes before computing."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         check_floating(name, x)
@@ -265,7 +266,8 @@ def scaled_dot_product_attention(
         `S == 0` zero rows.
     """
     check_implementation(implementation)
-    _validate(query, key, value, mask, bias, dropout_rate, sliding_window, logit_soft_cap)
+    _validate(query, key, value, mask, bias, dropout_rate=dropout_rate,
+              sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
     symbolic = any(isinstance(x, keras.KerasTensor) for x in (query, key, value, mask, bias))
     query = ops.convert_to_tensor(query)
     key = ops.convert_to_tensor(key)
@@ -280,43 +282,46 @@ def scaled_dot_product_attention(
         has_bias=bias is not None, is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
         has_window=sliding_window is not None, has_soft_cap=logit_soft_cap is not None,
         device=device_kind(query), mode=execution_mode())
-    return attend(path, query, key, value, mask, bias, is_causal, scale, dropout_rate,
-                  seed, training, return_attention_scores, sliding_window, logit_soft_cap)
+    spec = KernelSpec(is_causal=bool(is_causal), scale=float(scale),
+                      sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
+                      dropout_rate=float(dropout_rate), seed=seed, training=bool(training))
+    return attend(path, query, key, value, mask, bias, spec=spec,
+                  return_attention_scores=return_attention_scores)
 
 
-def attend(path, query, key, value, mask=None, bias=None, is_causal=False, scale=1.0,
-           dropout_rate=0.0, seed=None, training=False, return_attention_scores=False,
-           sliding_window=None, logit_soft_cap=None):
+def attend(path, query, key, value, mask=None, bias=None, *, spec=None,
+           return_attention_scores=False, **fields):
     """Run the chosen `path` on `(..., L, d)` tensors (already validated).
 
     `mask` is bool or None. Key/value may have fewer heads (axis -3) than the
     query (grouped heads). Empty sequences (`T == 0` or `S == 0`) are
-    answered here, whatever the path.
+    answered here, whatever the path. `spec`: the `KernelSpec` of the call, or
+    its fields by keyword (`is_causal=True, sliding_window=8`; the scale then
+    defaults to 1.0).
     """
+    if spec is None:
+        spec = KernelSpec(**fields)
+    elif fields:
+        raise TypeError(f"Pass a KernelSpec or its fields, not both. Received: {sorted(fields)}")
     T, S = static_shape(query)[-2], static_shape(key)[-2]
     block = None
     if path == "blockwise" and 0 not in (T, S):
-        block = block_size_for(score_lead(query, key), T, S,
-                               is_causal or sliding_window is not None,
-                               blocks=block_rule(keras.backend.backend()), window=sliding_window)
-    settings = dict(path=path, is_causal=is_causal, scale=scale,
-                    return_attention_scores=bool(return_attention_scores),
-                    sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
+        block = block_size_for(score_lead(query, key), T, S, spec.positional,
+                               blocks=block_rule(keras.backend.backend()),
+                               sliding_window=spec.sliding_window)
+    settings = dict(path=path, return_attention_scores=bool(return_attention_scores),
                     block_size=block)
     # On JAX an eager call is one compiled program per shape and settings
     # (`keras_attn._kernels.compiled`). Not with active dropout (random state), and the
     # block size is chosen above, because `keras_attn.config` can change it.
-    if not (training and dropout_rate > 0.0):
-        program = compiled(_attend, settings, _kernels_in_use(), dropout_rate=0.0, seed=None,
-                           training=False)
+    if not spec.drops:
+        program = compiled(_attend, {**settings, "spec": spec.inference()}, _kernels_in_use())
         if program is not None:
             return program(query, key, value, mask, bias)
-    return _attend(query, key, value, mask, bias, dropout_rate=dropout_rate, seed=seed,
-                   training=training, **settings)
+    return _attend(query, key, value, mask, bias, spec=spec, **settings)
 
 
-def _attend(query, key, value, mask, bias, *, path, is_causal, scale, dropout_rate, seed,
-            training, return_attention_scores, sliding_window, logit_soft_cap, block_size):
+def _attend(query, key, value, mask, bias, *, spec, path, return_attention_scores, block_size):
     group = group_size(query, key)
     T, S = static_shape(query)[-2], static_shape(key)[-2]
     if group > 1 and (path == "fused" or 0 in (T, S)):  # the others zero dead keys first
@@ -326,8 +331,7 @@ def _attend(query, key, value, mask, bias, *, path, is_causal, scale, dropout_ra
         return empty_attention(query, key, value, return_attention_scores)
     if path == "fused":
         (query, key, value), lead = broadcast_lead([query, key, value])
-        return fused_attention(query, key, value, mask, bias, is_causal, scale, lead,
-                               sliding_window)
+        return fused_attention(query, key, value, mask, bias, spec, lead=lead)
     allowed = mask
     if bias is not None:
         allowed = combine_masks(mask, ops.greater(bias, float("-inf")))
@@ -335,17 +339,15 @@ def _attend(query, key, value, mask, bias, *, path, is_causal, scale, dropout_ra
     # heads without repeating the keys and values.
     key, value = zero_unattended_keys(key, value, allowed, key_axis=-2, group=group)
     if path == "blockwise":
-        return blockwise_attention(query, key, value, mask=mask, bias=bias,
-                                   is_causal=is_causal, scale=scale, block_size=block_size,
-                                   sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
-    return explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_rate,
-                              seed, training, return_attention_scores, sliding_window,
-                              logit_soft_cap)
+        return blockwise_attention(query, key, value, mask=mask, bias=bias, spec=spec,
+                                   block_size=block_size)
+    return explicit_attention(query, key, value, mask, bias, spec,
+                              return_attention_scores=return_attention_scores)
 
 
 def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
                  implementation="auto", dropout_rate=0.0, seed=None, training=False,
-                 return_attention_scores=False, cached=False):
+                 return_attention_scores=False, cached=False, window_in_mask=False):
     """The attention of projected heads in the layers' `(B, L, heads, d)` layout.
 
     What `keras_attn.MultiHeadAttention` calls: the policy picks the path for
@@ -356,8 +358,10 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
         query: `(B, T, H, d_k)`; key: `(B, S, H_kv, d_k)`; value:
             `(B, S, H_kv, d_v)`.
         options: the `keras_attn.options.AttentionOptions` that act here
-            (`sliding_window`, `logit_soft_cap`, `scale`); the projections
-            have applied the others.
+            (`sliding_window`, `logit_soft_cap`, `scale`: the call's
+            `KernelSpec`); the projections have applied the others.
+        window_in_mask: the window is folded into `mask` already (a call over
+            a cache): the kernel applies none.
         mask: bool broadcastable to `(B, H, T, S)`, or None.
         implementation: a path's name, or a callable with the signature of
             `scaled_dot_product_attention` (flax's `attention_fn`): it gets
@@ -372,32 +376,33 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
     """
     (B, T, H, d_k), S = static_shape(query), static_shape(key)[1]
     training = bool(training)
-    scale = options.scale or 1.0 / math.sqrt(d_k)
-    keywords = dict(mask=mask, is_causal=is_causal, scale=scale, dropout_rate=dropout_rate,
-                    seed=seed, training=training,
-                    return_attention_scores=bool(return_attention_scores),
-                    sliding_window=options.sliding_window, logit_soft_cap=options.logit_soft_cap)
+    spec = kernel_spec(options, is_causal=is_causal, scale=options.scale or 1.0 / math.sqrt(d_k),
+                       dropout_rate=dropout_rate, seed=seed, training=training,
+                       sliding_window=None if window_in_mask else "options")
     if callable(implementation):
+        # A user's function takes scaled_dot_product_attention's keywords (public names).
+        keywords = dict(mask=mask, is_causal=spec.is_causal, scale=spec.scale,
+                        dropout_rate=spec.dropout_rate, seed=spec.seed, training=spec.training,
+                        return_attention_scores=bool(return_attention_scores),
+                        sliding_window=spec.sliding_window, logit_soft_cap=spec.logit_soft_cap)
         query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
         return (*_attention_fn_result(implementation, implementation(query, key, value, **keywords),
                                       return_attention_scores), True)
     path = select_implementation(
         implementation, lead=(B, H), T=T, S=S, has_mask=mask is not None, has_bias=False,
-        is_causal=is_causal,
-        needs_weights=bool(return_attention_scores) or (training and dropout_rate > 0.0),
-        symbolic=isinstance(query, keras.KerasTensor),
-        has_window=options.sliding_window is not None,
-        has_soft_cap=options.logit_soft_cap is not None, device=device_kind(query),
+        is_causal=is_causal, needs_weights=bool(return_attention_scores) or spec.drops,
+        symbolic=isinstance(query, keras.KerasTensor), has_window=spec.sliding_window is not None,
+        has_soft_cap=spec.logit_soft_cap is not None, device=device_kind(query),
         cached=cached, backend=keras.backend.backend(), mode=execution_mode())
     if path == "fused" and 0 not in (T, S):
         # Keras's (B, T, H, d) layout: no transposes on our side.
-        settings = dict(is_causal=is_causal, scale=scale, sliding_window=options.sliding_window)
-        program = compiled(_fused_bthd, settings, _kernels_in_use())
+        program = compiled(_fused_bthd, {"spec": spec.inference()}, _kernels_in_use())
         if program is not None:
             return program(query, key, value, mask), None, False
-        return _fused_bthd(query, key, value, mask, **settings), None, False
+        return _fused_bthd(query, key, value, mask, spec=spec), None, False
     query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
-    attended = attend(path, query, key, value, **keywords)
+    attended = attend(path, query, key, value, mask, spec=spec,
+                      return_attention_scores=return_attention_scores)
     attended, scores = attended if return_attention_scores else (attended, None)
     return attended, scores, True
 
@@ -407,9 +412,9 @@ def _kernels_in_use():
     return (explicit_attention, fused_attention, fused_attention_bthd, blockwise_attention)
 
 
-def _fused_bthd(query, key, value, mask, *, is_causal, scale, sliding_window):
-    return fused_attention_bthd(query, key, value, mask=mask, is_causal=is_causal, scale=scale,
-                                sliding_window=sliding_window)
+def _fused_bthd(query, key, value, mask, *, spec):
+    return fused_attention_bthd(query, key, value, mask=mask, is_causal=spec.is_causal,
+                                scale=spec.scale, sliding_window=spec.sliding_window)
 
 
 def _attention_fn_result(fn, result, return_attention_scores):

@@ -304,7 +304,8 @@ class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
             if rope is not None:
                 keys = rope(keys, key_positions)
         mask, in_range = fold_positions(None, query_length, S_max, None if read_only else index,
-                                        None if read_only else length, is_causal, window)
+                                        None if read_only else length, is_causal=is_causal,
+                                        window=window)
         if not read_only:
             new = self.write(keys, values, index, in_range)
         keys, values = new.read(dtype or new.dtype)

@@ -143,8 +143,8 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
     top_k = check_positive_int("top_k", top_k, allow_none=True)
     stops = _stop_token_ids(end_token_id)  # a tuple of Python ints, () for None
     prompt = ops.cast(prompt, "int32")
-    tokens = _generate(next_token_fn, prompt, max_length, cache, stops, end_token_id,
-                       temperature, top_k, seed)
+    tokens = _generate(next_token_fn, prompt, max_length, cache, stops=stops,
+                       end_token_id=end_token_id, temperature=temperature, top_k=top_k, seed=seed)
     check_generated(tokens, max_length)
     return tokens
 
@@ -161,7 +161,7 @@ def check_generated(tokens, max_length):
             f"Received: max_length={max_length}")
 
 
-def _generate(next_token_fn, prompt, max_length, cache, stops, end_token_id, temperature,
+def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, temperature,
               top_k, seed):
     """The prefill and the decoding loop, on checked arguments."""
     batch, prompt_length = static_shape(prompt)

@@ -17,7 +17,7 @@ import dataclasses
 
 from keras_attn._validation import check_positive_float, check_positive_int, check_rope_scaling
 
-__all__ = ["AttentionOptions", "expose_options", "pop_options"]
+__all__ = ["AttentionOptions", "KernelSpec", "expose_options", "kernel_spec", "pop_options"]
 
 QK_NORMS = (None, "rms", "layer")
 
@@ -116,11 +116,11 @@ class AttentionOptions:
             "qk_norm_epsilon": check_positive_float("qk_norm_epsilon", self.qk_norm_epsilon),
             "scale": check_positive_float("scale", self.scale, allow_none=True),
         }
-        rope = check_rope_scaling(
-            self.rope_type, self.rope_scaling_factor, self.rope_low_freq_factor,
-            self.rope_high_freq_factor, self.rope_original_max_position_embeddings,
-            self.rope_beta_fast, self.rope_beta_slow, self.rope_attention_factor,
-            self.rope_mscale, self.rope_mscale_all_dim, self.rope_truncate, prefix="rope_")
+        rope = check_rope_scaling(self.rope_type, self.rope_scaling_factor, prefix="rope_", **{
+            name: getattr(self, f"rope_{name}") for name in (
+                "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+                "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
+                "truncate")})
         checked.update({f"rope_{name}": value for name, value in rope.items()})
         if self.rope_type != "default" and self.rope_max_wavelength is None:
             raise ValueError(
@@ -176,3 +176,64 @@ def expose_options(cls):
         setattr(cls, name, property(lambda self, name=name: getattr(self.options, name),
                                     doc=f"`self.options.{name}` (`AttentionOptions`)."))
     return cls
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """What one attention kernel call computes besides its tensors: one frozen object
+    from `attend` to every path (explicit, fused, blockwise), their block geometry and
+    the compile cache, with the public names all the way down.
+
+    `AttentionOptions.kernel_spec(...)` makes it for a layer; the functional core makes
+    it from its arguments. Hashable (a key of `keras_attn._kernels.compiled`).
+    A new kernel option (attention sinks, a chunk size) is a field here: its
+    effect goes in the kernels (or the policy routes around a path), its check in
+    `AttentionOptions`.
+
+    Args:
+        is_causal: bottom-right aligned causal masking.
+        scale: the multiplier of the logits `q . k` (resolved: a float).
+        sliding_window: W, or None (`AttentionOptions.sliding_window`).
+        logit_soft_cap: c, or None (`AttentionOptions.logit_soft_cap`).
+        dropout_rate: dropout of the weights while `training`.
+        seed: the dropout's seed (an int, a `keras.random.SeedGenerator`, or None).
+        training: whether dropout applies.
+    """
+
+    is_causal: bool = False
+    scale: float = 1.0
+    sliding_window: int | None = None
+    logit_soft_cap: float | None = None
+    dropout_rate: float = 0.0
+    seed: object = None
+    training: bool = False
+
+    @property
+    def positional(self):
+        """Whether positions mask keys (causal or a window)."""
+        return self.is_causal or self.sliding_window is not None
+
+    @property
+    def drops(self):
+        """Whether dropout applies (random state: such a call is not compiled alone)."""
+        return bool(self.training and self.dropout_rate > 0.0)
+
+    def inference(self):
+        """This spec without dropout (what a compiled eager call is keyed on)."""
+        if not (self.dropout_rate or self.seed is not None or self.training):
+            return self
+        return dataclasses.replace(self, dropout_rate=0.0, seed=None, training=False)
+
+
+def kernel_spec(options, *, is_causal=False, scale, dropout_rate=0.0, seed=None,
+                training=False, sliding_window="options"):
+    """The `KernelSpec` of `options` (an `AttentionOptions`) for one call.
+
+    `scale` is resolved by the caller (`options.scale` or `1 / sqrt(d_k)`);
+    `sliding_window` None: the window is in the mask already (a cached call).
+    """
+    return KernelSpec(
+        is_causal=bool(is_causal), scale=float(scale),
+        sliding_window=options.sliding_window if sliding_window == "options" else sliding_window,
+        logit_soft_cap=options.logit_soft_cap, dropout_rate=float(dropout_rate), seed=seed,
+        training=bool(training))

@@ -68,7 +68,7 @@ def _yarn_mscale(factor, mscale=1.0):
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def rope_frequencies(dim, max_wavelength, scaling_factor=1.0, rope_type="default",
+def rope_frequencies(dim, max_wavelength, scaling_factor=1.0, rope_type="default", *,
                      low_freq_factor=1.0, high_freq_factor=4.0,
                      original_max_position_embeddings=None, beta_fast=32.0, beta_slow=1.0,
                      attention_factor=None, mscale=None, mscale_all_dim=None, truncate=True):
@@ -259,7 +259,8 @@ def _rope_arguments(rope_type, scaling_factor, *parameters, prefix=""):
     if rope_type in ("default", "linear"):  # scaling_factor may be a tensor, as before
         return {"rope_type": rope_type}
     names = [name for name in ROPE_DEFAULTS if name != "rope_type"]
-    checked = check_rope_scaling(rope_type, scaling_factor, *parameters, prefix=prefix)
+    checked = check_rope_scaling(rope_type, scaling_factor, prefix=prefix,
+                                 **dict(zip(names, parameters, strict=True)))
     return {"rope_type": rope_type, **{name: checked[name] for name in names}}
 
 
@@ -362,9 +363,11 @@ class RotaryEmbedding(keras.layers.Layer):
                 "`feature_axis` and `sequence_axis` must be different axes. Received: "
                 f"feature_axis={feature_axis}, sequence_axis={sequence_axis}")
         checked = check_rope_scaling(
-            rope_type, scaling_factor, low_freq_factor, high_freq_factor,
-            original_max_position_embeddings, beta_fast, beta_slow, attention_factor, mscale,
-            mscale_all_dim, truncate)
+            rope_type, scaling_factor, low_freq_factor=low_freq_factor,
+            high_freq_factor=high_freq_factor,
+            original_max_position_embeddings=original_max_position_embeddings,
+            beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=attention_factor,
+            mscale=mscale, mscale_all_dim=mscale_all_dim, truncate=truncate)
         self.rope_type = rope_type
         for name, value in checked.items():
             setattr(self, name, value)

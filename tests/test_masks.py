@@ -15,6 +15,7 @@ import keras_attn
 from keras_attn._kernels.blockwise import _Blocks
 from keras_attn._masks import may_attend, positional_mask
 from keras_attn.cache import cached_positional_mask
+from keras_attn.options import KernelSpec
 
 from . import reference
 
@@ -49,7 +50,7 @@ def test_the_rule_with_key_end():
     np.testing.assert_array_equal(_np(may_attend(None, keys, key_end=4)), [[1, 1, 1, 1, 0, 0]])
     queries = keras.ops.convert_to_tensor(np.array([[2], [5]], "int32"))
     np.testing.assert_array_equal(
-        _np(may_attend(queries, keys, is_causal=True, window=2, key_end=5)),
+        _np(may_attend(queries, keys, is_causal=True, sliding_window=2, key_end=5)),
         [[0, 1, 1, 0, 0, 0], [0, 0, 0, 0, 1, 0]])
     assert may_attend(None, keys) is None
 
@@ -76,7 +77,8 @@ def test_cache_mask_is_the_rule_over_written_slots(is_causal, window):
 def test_blockwise_block_masks_tile_the_full_mask(is_causal, window, T, S, block, group):
     """Rows are positions repeated `group` times; the padding keys are never allowed."""
     rows = T * group
-    g = _Blocks(rows, S, block, is_causal, [1], group=group, window=window)
+    g = _Blocks(rows, S, block, [1], group=group,
+                spec=KernelSpec(is_causal=is_causal, sliding_window=window))
     expected = np.zeros((g.Tp, g.Sp), bool)
     expected[:rows, :S] = np.repeat(_reference(T, S, is_causal, window), group, axis=0)
     for i, j in itertools.product(range(g.nq), range(g.nk)):

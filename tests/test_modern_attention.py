@@ -12,6 +12,7 @@ import keras_attn
 from keras_attn import _device, config
 from keras_attn._kernels.blockwise import _Blocks
 from keras_attn._policy import observe_paths
+from keras_attn.options import KernelSpec
 
 from . import reference
 from .fixtures import attention_settings_fixture
@@ -129,12 +130,13 @@ def test_auto_routes_soft_cap_around_the_fused_kernel():
 
 def test_blockwise_skips_blocks_outside_the_window():
     """Causal W = 8 over T = S = 64 in blocks of 8: at most 2 key blocks per query block."""
-    blocks = _Blocks(64, 64, 8, True, [1], window=8)
+    blocks = _Blocks(64, 64, 8, [1], spec=KernelSpec(is_causal=True, sliding_window=8))
     ranges = [tuple(int(keras.ops.convert_to_numpy(x)) for x in blocks.key_range(i))
               for i in range(blocks.nq)]
     assert ranges == [(0, 1)] + [(i - 1, i + 1) for i in range(1, 8)]
     assert sum(hi - lo for lo, hi in ranges) == 15  # of 36 (causal) or 64 (full)
-    grouped = _Blocks(64 * 4, 64, 8, True, [1], group=4, window=8)  # 4 query heads per key head
+    grouped = _Blocks(64 * 4, 64, 8, [1], spec=KernelSpec(is_causal=True, sliding_window=8),
+                      group=4)  # 4 query heads per key head
     lo, hi = (int(keras.ops.convert_to_numpy(x)) for x in grouped.key_range(10))
     assert (lo, hi) == (1, 3)  # rows 80..87 are positions 20 and 21: keys 13..21
     q_lo, q_hi = (int(keras.ops.convert_to_numpy(x)) for x in grouped.query_range(2))

@@ -276,7 +276,7 @@ def test_long_causal_sequences_keep_the_full_tile_on_jax_only(backend):
     assert size((2, 8), 2048, 2048, banded=True, blocks=rule) == (256 if jax else 128)
     # Fewer blocks, or a window (its band is W, not the sequence): the half tile.
     assert size((1, 4), 4095, 4095, banded=True, blocks=rule) == 256
-    assert size((1, 4), 16384, 16384, banded=True, blocks=rule, window=1024) == 256
+    assert size((1, 4), 16384, 16384, banded=True, blocks=rule, sliding_window=1024) == 256
     assert size((1, 4), 4096, 4096, blocks=rule) == 512  # full attention: unchanged
     config.set_attention_block_size(64)
     assert size((1, 4), 4096, 4096, banded=True, blocks=rule) == 64

@@ -32,14 +32,15 @@ class _Blocks:
     may see is `keras_attn._masks.may_attend`, evaluated one block at a time.
     """
 
-    def __init__(self, rows, S, block_size, is_causal, lead, group=1, window=None,
-                 soft_cap=None):
+    def __init__(self, rows, S, block_size, lead, *, spec, group=1):
         self.T, self.S = rows, S
         self.bq, self.bk = min(block_size, rows), min(block_size, S)
         self.nq = -(-rows // self.bq)
         self.nk = -(-S // self.bk)
         self.Tp, self.Sp = self.nq * self.bq, self.nk * self.bk
-        self.is_causal, self.group, self.window, self.soft_cap = is_causal, group, window, soft_cap
+        self.group, self.scale = group, spec.scale
+        self.is_causal, self.sliding_window = spec.is_causal, spec.sliding_window
+        self.logit_soft_cap = spec.logit_soft_cap
         self.offset = S - rows // group  # position p may see key j iff j <= p + offset
         self.lead = lead  # leading dims (ints or scalar tensors)
 
@@ -48,28 +49,28 @@ class _Blocks:
 
     def key_range(self, i):
         """`(lo, hi)`: the key blocks that query block `i` may see."""
-        if not self.is_causal and self.window is None:
+        if not self.is_causal and self.sliding_window is None:
             return 0, self.nk
         first = self._position(i * self.bq) + self.offset  # key at the first row's position
         last = self._position((i + 1) * self.bq - 1) + self.offset
         if self.is_causal:
             hi = last // self.bk + 1
         else:
-            hi = (last + self.window - 1) // self.bk + 1
-        lo = 0 if self.window is None else (first - self.window + 1) // self.bk
+            hi = (last + self.sliding_window - 1) // self.bk + 1
+        lo = 0 if self.sliding_window is None else (first - self.sliding_window + 1) // self.bk
         return _clip(lo, self.nk), _clip(hi, self.nk)
 
     def query_range(self, j):
         """`(lo, hi)`: the query blocks that may see key block `j`."""
-        if not self.is_causal and self.window is None:
+        if not self.is_causal and self.sliding_window is None:
             return 0, self.nq
-        reach = 0 if self.is_causal else self.window - 1  # how far ahead a query sees
+        reach = 0 if self.is_causal else self.sliding_window - 1  # how far ahead a query sees
         first_position = j * self.bk - self.offset - reach  # first query to see the block
         lo = (self.group * first_position) // self.bq
         hi = self.nq
-        if self.window is not None:
+        if self.sliding_window is not None:
             # the last query whose window still reaches the block's last key
-            last_position = (j + 1) * self.bk - 1 - self.offset + self.window - 1
+            last_position = (j + 1) * self.bk - 1 - self.offset + self.sliding_window - 1
             hi = (self.group * (last_position + 1) - 1) // self.bq + 1
         return _clip(lo, self.nq), _clip(hi, self.nq)
 
@@ -96,20 +97,20 @@ class _Blocks:
     def allowed(self, mask, i, j):
         """Bool `(..., bq|1, bk|1)` of the keys query block `i` may see in key block `j`."""
         allowed = None
-        positional = self.is_causal or self.window is not None
+        positional = self.is_causal or self.sliding_window is not None
         if positional or self.Sp != self.S:
             cols = j * self.bk + ops.arange(self.bk, dtype="int32")[None, :]  # (1, bk)
             positions = None
             if positional:
                 rows = i * self.bq + ops.arange(self.bq, dtype="int32")[:, None]  # (bq, 1)
                 positions = self._position(rows) + self.offset  # absolute query positions
-            allowed = may_attend(positions, cols, self.is_causal, self.window,
+            allowed = may_attend(positions, cols, self.is_causal, self.sliding_window,
                                  key_end=self.S if self.Sp != self.S else None)  # padded keys
         if mask is not None:
             allowed = and_masks(allowed, ops.greater(self.tile(mask, i, j), 0))
         return allowed
 
-    def logits(self, q_i, k_j, bias, mask, i, j, scale, transposed=False):
+    def logits(self, q_i, k_j, bias, mask, i, j, *, transposed=False):
         """`(s, allowed, d_cap)`: logits of block `(i, j)`, the mask, and d s / d raw.
 
         With a soft-cap c, `s = c * tanh(raw / c) + bias`; `d_cap` is
@@ -121,13 +122,13 @@ class _Blocks:
         block matmul in JAX's CPU loop (21-25% of a train step at T=4096).
         """
         if transposed:
-            s = ops.matmul(k_j, ops.swapaxes(q_i, -1, -2)) * scale  # (..., bk, bq)
+            s = ops.matmul(k_j, ops.swapaxes(q_i, -1, -2)) * self.scale  # (..., bk, bq)
         else:
-            s = ops.matmul(q_i, ops.swapaxes(k_j, -1, -2)) * scale  # (..., bq, bk)
+            s = ops.matmul(q_i, ops.swapaxes(k_j, -1, -2)) * self.scale  # (..., bq, bk)
         d_cap = None
-        if self.soft_cap is not None:
-            t = ops.tanh(s / self.soft_cap)
-            s, d_cap = self.soft_cap * t, 1.0 - t * t
+        if self.logit_soft_cap is not None:
+            t = ops.tanh(s / self.logit_soft_cap)
+            s, d_cap = self.logit_soft_cap * t, 1.0 - t * t
         flip = (lambda x: ops.swapaxes(x, -1, -2)) if transposed else (lambda x: x)
         if bias is not None:
             s = s + flip(self.tile(bias, i, j))

@@ -64,13 +64,14 @@ from keras_attn._shapes import (
     sum_to,
     to_rank,
 )
+from keras_attn.options import KernelSpec
 
 __all__ = ["blockwise_attention"]
 
 _NEG_INF = float("-inf")
 
 
-def _forward(q, k, v, bias, mask, g, scale):
+def _forward(q, k, v, bias, mask, g):
     """Output `(..., Tp, d_v)` and `lse` `(..., Tp, 1)`, in the dtype of `q`."""
     dtype = q.dtype
     d_v = v.shape[-1]
@@ -80,7 +81,7 @@ def _forward(q, k, v, bias, mask, g, scale):
 
         def kv_step(j, state):
             m, total, acc = state
-            s, allowed, _ = g.logits(q_i, g.cols(k, j), bias, mask, i, j, scale)
+            s, allowed, _ = g.logits(q_i, g.cols(k, j), bias, mask, i, j)
             if allowed is not None:
                 s = ops.where(allowed, s, _NEG_INF)
             m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
@@ -108,10 +109,10 @@ def _forward(q, k, v, bias, mask, g, scale):
     return _from_q_blocks(out, g), _from_q_blocks(lse, g)
 
 
-def _probabilities(g, q_i, k_j, bias, mask, lse_i, i, j, scale, transposed=False):
+def _probabilities(g, q_i, k_j, bias, mask, lse_i, *, i, j, transposed=False):
     """Block `(i, j)` of the softmax weights, recomputed from the kept `lse`, and `d_cap`
     (`transposed`: `(..., bk, bq)`, with `lse_i` given as `(..., 1, bq)`)."""
-    s, allowed, d_cap = g.logits(q_i, k_j, bias, mask, i, j, scale, transposed)
+    s, allowed, d_cap = g.logits(q_i, k_j, bias, mask, i, j, transposed=transposed)
     p = ops.exp(s - lse_i)
     if allowed is not None:
         p = ops.where(allowed, p, ops.zeros_like(p))
@@ -128,7 +129,7 @@ def _uncap(ds, d_cap):
     return ds if d_cap is None else ds * d_cap
 
 
-def _key_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
+def _key_pass(q, k, v, bias, mask, g, *, lse, delta, d_out):
     """Pass 1: `dk`, `dv` of each key block, over the query blocks that see it."""
     dtype = q.dtype
     d_k, d_v = q.shape[-1], v.shape[-1]
@@ -142,14 +143,14 @@ def _key_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
             lse_i, delta_i = g.rows(lse, i), g.rows(delta, i)  # (..., bq, 1)
             if flip:  # the block as (..., bk, bq): p^T and ds^T as the products take them
                 lse_i, delta_i = _t(lse_i), _t(delta_i)  # (..., 1, bq)
-                p, d_cap = _probabilities(g, q_i, k_j, bias, mask, lse_i, i, j, scale, True)
+                p, d_cap = _probabilities(g, q_i, k_j, bias, mask, lse_i, i=i, j=j, transposed=True)
                 dp = ops.matmul(v_j, _t(do_i))  # (..., bk, bq)
             else:
-                p, d_cap = _probabilities(g, q_i, k_j, bias, mask, lse_i, i, j, scale)
+                p, d_cap = _probabilities(g, q_i, k_j, bias, mask, lse_i, i=i, j=j)
                 dp = ops.matmul(do_i, _t(v_j))  # (..., bq, bk)
             ds = _uncap(p * (dp - delta_i), d_cap)
             dv = dv + ops.matmul(p if flip else _t(p), do_i)  # (..., bk, d_v)
-            dk = dk + ops.matmul(ds if flip else _t(ds), q_i) * scale  # (..., bk, d_k)
+            dk = dk + ops.matmul(ds if flip else _t(ds), q_i) * g.scale  # (..., bk, d_k)
             return dk, dv
 
         return ops.fori_loop(*g.query_range(j), q_inner, init)
@@ -166,7 +167,7 @@ def _key_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
     return _from_k_blocks(dk, g), _from_k_blocks(dv, g)
 
 
-def _query_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
+def _query_pass(q, k, v, bias, mask, g, *, lse, delta, d_out):
     """Pass 2: `dq` of each query block, and the bias gradient tile by tile."""
     dtype = q.dtype
     d_k = q.shape[-1]
@@ -174,7 +175,7 @@ def _query_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
     def ds_block(q_i, do_i, lse_i, delta_i, i, j):
         """`(d logits, d (q k^T * scale), k_j)` of block `(i, j)`."""
         k_j = g.cols(k, j)
-        p, d_cap = _probabilities(g, q_i, k_j, bias, mask, lse_i, i, j, scale)
+        p, d_cap = _probabilities(g, q_i, k_j, bias, mask, lse_i, i=i, j=j)
         dp = ops.matmul(do_i, ops.swapaxes(g.cols(v, j), -1, -2))  # (..., bq, bk)
         ds = p * (dp - delta_i)
         return ds, _uncap(ds, d_cap), k_j
@@ -189,7 +190,7 @@ def _query_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
         if bias is None:
             def k_inner(j, dq):
                 _, ds, k_j = ds_block(q_i, do_i, lse_i, delta_i, i, j)
-                return dq + ops.matmul(ds, k_j) * scale
+                return dq + ops.matmul(ds, k_j) * g.scale
             return ops.fori_loop(*g.key_range(i), k_inner, dq0)
 
         lo, hi = g.key_range(i)
@@ -201,7 +202,7 @@ def _query_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
         def k_block(j):
             def compute():
                 d_logits, ds, k_j = ds_block(q_i, do_i, lse_i, delta_i, i, j)
-                return ops.matmul(ds, k_j) * scale, sum_to(d_logits, tile_shape)
+                return ops.matmul(ds, k_j) * g.scale, sum_to(d_logits, tile_shape)
 
             def skip():  # a block no query of this block may see: nothing to do
                 return dq0, ops.zeros(tile_shape, dtype)
@@ -236,7 +237,7 @@ def _query_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out):
     return _from_q_blocks(dq, g), d_bias
 
 
-def _backward(q, k, v, bias, mask, g, scale, out, lse, d_out):
+def _backward(q, k, v, bias, mask, g, *, out, lse, d_out):
     """Gradients of `sum(out * d_out)` w.r.t. q, k, v (and bias), recomputing scores.
 
     Two passes avoid scatter-updates of a shared buffer (which would copy it
@@ -244,17 +245,17 @@ def _backward(q, k, v, bias, mask, g, scale, out, lse, d_out):
     for `dq` (and `dbias`).
     """
     delta = ops.sum(d_out * out, axis=-1, keepdims=True)  # (..., Tp, 1)
-    dk, dv = _key_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out)
-    dq, d_bias = _query_pass(q, k, v, bias, mask, g, scale, lse, delta, d_out)
+    dk, dv = _key_pass(q, k, v, bias, mask, g, lse=lse, delta=delta, d_out=d_out)
+    dq, d_bias = _query_pass(q, k, v, bias, mask, g, lse=lse, delta=delta, d_out=d_out)
     return dq, dk, dv, d_bias
 
 
-def _attention_fn(mask, g, scale, has_bias):
+def _attention_fn(mask, g, has_bias):
     """`f(q, k, v[, bias]) -> out` with the recomputing custom gradient."""
 
     def forward(q, k, v, *maybe_bias):
         bias = maybe_bias[0] if has_bias else None
-        return _forward(q, k, v, bias, mask, g, scale)
+        return _forward(q, k, v, bias, mask, g)
 
     if keras.backend.backend() == "numpy":  # inference only: no gradient to define
         return lambda *args: forward(*args)[0]
@@ -270,7 +271,7 @@ def _attention_fn(mask, g, scale, has_bias):
         def grad(*args, upstream=None):
             if upstream is None:
                 (upstream,) = args
-            dq, dk, dv, d_bias = _backward(q, k, v, bias, mask, g, scale, out, lse, upstream)
+            dq, dk, dv, d_bias = _backward(q, k, v, bias, mask, g, out=out, lse=lse, d_out=upstream)
             return (dq, dk, dv, d_bias) if has_bias else (dq, dk, dv)
 
         return out, grad
@@ -320,8 +321,8 @@ def _pad_to_blocks(x, rank, g):
     return x
 
 
-def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False,
-                        scale=1.0, block_size=512, sliding_window=None, logit_soft_cap=None):
+def blockwise_attention(query, key, value, mask=None, bias=None, *, spec=None, block_size=512,
+                        **fields):
     """Memory-efficient attention over `(..., T, d)` tensors (see the module doc).
 
     Args:
@@ -331,21 +332,22 @@ def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False
             key/value head n // (H / H_kv); keys and values are not repeated.
         mask: optional bool, broadcastable to `(..., H, T, S)`; True = may attend.
         bias: optional additive float, broadcastable to `(..., H, T, S)`.
-        is_causal: bottom-right aligned causal masking (`j <= i + S - T`).
-        scale: logit multiplier.
+        spec: the `keras_attn.options.KernelSpec` (or its fields by keyword,
+            `is_causal=True, scale=0.5, ...`; dropout is not applied here):
+            `is_causal`, bottom-right aligned (`j <= i + S - T`); `scale`, the
+            logit multiplier; `sliding_window` W: position p sees key j iff
+            `0 <= p - j < W` (causal) or `|p - j| < W`, and blocks entirely
+            outside the window are skipped, so the cost grows like T * W;
+            `logit_soft_cap` c: logits become `c * tanh(logits / c)` before
+            the bias and masks.
         block_size: query and key block length.
-        sliding_window: W, or None: position p sees key j iff
-            `0 <= p - j < W` (causal) or `|p - j| < W`; blocks entirely
-            outside the window are skipped, so the cost grows like T * W.
-        logit_soft_cap: c, or None: logits become `c * tanh(logits / c)`
-            before the bias and masks.
 
     Returns:
         `(..., H, T, d_v)` in the dtype of `value`; zero rows where no key is
         allowed.
     """
-    settings = dict(is_causal=is_causal, scale=scale, block_size=block_size,
-                    sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
+    spec = KernelSpec(**fields) if spec is None else spec
+    settings = dict(spec=spec.inference(), block_size=block_size)
     # On JAX an eager call at a shape seen before reuses one compiled program
     # (`keras_attn._kernels.compiled`): the loop bodies are closures made per call.
     program = compiled(_blockwise, settings)
@@ -354,8 +356,7 @@ def blockwise_attention(query, key, value, mask=None, bias=None, is_causal=False
     return _blockwise(query, key, value, mask, bias, **settings)
 
 
-def _blockwise(query, key, value, mask, bias, *, is_causal, scale, block_size,
-               sliding_window, logit_soft_cap):
+def _blockwise(query, key, value, mask, bias, *, spec, block_size):
     out_dtype = value.dtype
     compute = softmax_dtype(query.dtype)
     q, k, v = (ops.cast(t, compute) for t in (query, key, value))
@@ -371,7 +372,7 @@ def _blockwise(query, key, value, mask, bias, *, is_causal, scale, block_size,
         bias = None if bias is None else _rows_by_position(bias, group, T)
     (q, k, v), lead = broadcast_lead([q, k, v])
     rows, S = q.shape[-2], k.shape[-2]
-    g = _Blocks(rows, S, block_size, is_causal, lead, group, sliding_window, logit_soft_cap)
+    g = _Blocks(rows, S, block_size, lead, spec=spec, group=group)
     rank = len(lead) + 2
 
     q = pad_axis(q, -2, g.Tp - rows)
@@ -383,7 +384,7 @@ def _blockwise(query, key, value, mask, bias, *, is_causal, scale, block_size,
         bias = _pad_to_blocks(bias, rank, g)
         args.append(bias)
 
-    out = _attention_fn(mask, g, scale, bias is not None)(*args)
+    out = _attention_fn(mask, g, bias is not None)(*args)
     if g.Tp != rows:
         out = out[..., :rows, :]
     if group > 1:

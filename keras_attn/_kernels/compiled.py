@@ -26,18 +26,31 @@ def set_eager_compiler(compiler):
     _CACHE.clear()
 
 
+def _frozen(value):
+    # A frozen dataclass (a `KernelSpec`) is hashable by its fields; its seed must be too.
+    params = getattr(value, "__dataclass_params__", None)
+    if params is None or not params.frozen:
+        return False
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 def compiled(fn, settings, depends=(), **fixed):
     """`fn` with `settings` and `fixed` bound, compiled; None where nothing compiles.
 
-    `settings` must be None, bools, numbers or strings (otherwise None: the caller runs
-    `fn` itself). `depends`: other functions the compiled program calls, part of the
-    key so that a replaced one (a test's spy) is not answered by a program traced
-    before it.
+    `settings` must be None, bools, numbers, strings or frozen dataclasses (a
+    `KernelSpec`; otherwise None: the caller runs `fn` itself). `depends`: other
+    functions the compiled program calls, part of the key so that a replaced one (a
+    test's spy) is not answered by a program traced before it.
     """
     compiler = _hooks.get("eager_compiler")
     if compiler is None:
         return None
-    if not all(v is None or isinstance(v, (bool, int, float, str)) for v in settings.values()):
+    if not all(v is None or isinstance(v, (bool, int, float, str)) or _frozen(v)
+               for v in settings.values()):
         return None
     key = (fn, tuple(sorted(settings.items())), tuple(sorted(fixed.items())), *depends)
     if key not in _CACHE:  # None too: a backend that compiles nothing eagerly

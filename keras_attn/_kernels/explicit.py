@@ -44,10 +44,13 @@ def _masked_softmax(logits, allowed):
     return unnormalized / total
 
 
-def explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_rate, seed,
-                       training, return_attention_scores, sliding_window=None,
-                       logit_soft_cap=None):
-    """Materialised logits and weights `(..., T, S)`; softmax in float32 at least."""
+def explicit_attention(query, key, value, mask, bias, spec, *, return_attention_scores=False):
+    """Materialised logits and weights `(..., T, S)`; softmax in float32 at least.
+
+    `spec`: the `keras_attn.options.KernelSpec` (causal, scale, window, soft-cap, dropout).
+    """
+    is_causal, scale, sliding_window = spec.is_causal, spec.scale, spec.sliding_window
+    logit_soft_cap = spec.logit_soft_cap
     compute = softmax_dtype(query.dtype)
     q, k = ops.cast(query, compute), ops.cast(key, compute)
     group, q_shape = group_size(query, key), static_shape(query)
@@ -77,8 +80,8 @@ def explicit_attention(query, key, value, mask, bias, is_causal, scale, dropout_
         mask, positional_mask(ops.shape(query)[-2], ops.shape(key)[-2], is_causal, sliding_window))
     weights = ops.cast(_masked_softmax(logits, allowed), value.dtype)  # (..., T, S)
     attended = weights
-    if training and dropout_rate > 0.0:
-        attended = keras.random.dropout(weights, dropout_rate, seed=seed)
+    if spec.drops:
+        attended = keras.random.dropout(weights, spec.dropout_rate, seed=spec.seed)
     if group > 1:
         attended = ops.reshape(attended, (*lead, H // group, group * T, -1))  # (..., H_kv, G*T, S)
         output = ops.matmul(attended, value)  # (..., H_kv, G*T, d_v)

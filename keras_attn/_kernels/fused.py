@@ -50,8 +50,8 @@ def _kernel_keeps_half_precision(x):
     return False
 
 
-def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=False, scale=None,
-                         sliding_window=None):
+def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=False,
+                         scale=None, sliding_window=None):
     """`keras.ops.dot_product_attention` with keras_attn's mask semantics.
 
     Layout `(B, T, H, d)` (heads after time, as `keras.ops.dot_product_attention`
@@ -83,8 +83,8 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
         pad = [[0, 0], [0, 0], [0, 0]]
         query, key = (ops.pad(x, pad + [[0, width - d_k]]) for x in (query, key))
         value = ops.pad(value, pad + [[0, width - d_v]])
-        output = fused_attention_bthd(query, key, value, mask, bias, is_causal, scale,
-                                      sliding_window)
+        output = fused_attention_bthd(query, key, value, mask, bias, is_causal=is_causal,
+                                      scale=scale, sliding_window=sliding_window)
         return ops.cast(output[..., :d_v], out_dtype)
     heads, kv_heads = static_shape(query)[2], static_shape(key)[2]
     group = heads // kv_heads if None not in (heads, kv_heads) else 1
@@ -121,11 +121,14 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, is_causal=Fals
     return ops.cast(output, out_dtype)
 
 
-def fused_attention(query, key, value, mask, bias, is_causal, scale, lead, sliding_window=None):
+def fused_attention(query, key, value, mask, bias, spec, *, lead):
     """The fused path for the `(..., T, d)` layout of the functional core.
 
-    `query`, `key`, `value` already share the leading dims `lead`.
+    `query`, `key`, `value` already share the leading dims `lead`; `spec` is the
+    `keras_attn.options.KernelSpec` (no soft-cap, no dropout: the policy routes those
+    elsewhere).
     """
+    is_causal, scale, sliding_window = spec.is_causal, spec.scale, spec.sliding_window
     T, d_v = static_shape(query)[-2], static_shape(value)[-1]
     n = len(lead)
     if n > 2:  # fold the extra leading dims into the batch
