@@ -308,7 +308,8 @@ def block_size_for(lead, T, S, banded=False, blocks=BLOCKS, sliding_window=None)
 
 def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_bias,
                           is_causal, needs_weights, symbolic, has_window=False,
-                          has_soft_cap=False, device=None, cached=False, mode=None):
+                          has_soft_cap=False, device=None, cached=False, mode=None,
+                          unfusable=()):
     """The path a call takes; the one place where `"auto"` is decided.
 
     The policy of `"auto"`, in order (the numbers are the row of `POLICY`
@@ -351,6 +352,10 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
             only the explicit path materialises the weights.
         symbolic: the inputs are `KerasTensor`s (shape inference only).
         has_window, has_soft_cap: a sliding window or a logit soft-cap is set.
+        unfusable: the names of the set options that the fused kernel cannot
+            apply (`KernelSpec.unfusable`; `has_soft_cap` adds
+            `logit_soft_cap`): such a call goes to the explicit or blockwise
+            path, and `"fused"` is a ValueError naming them.
             The fused kernel cannot soft-cap, so `auto` routes around it.
         device: `device_kind()` of the call; read when None.
         cached: the call attends over a key/value cache (a decode step).
@@ -359,13 +364,17 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
             None: the device's row.
     """
     check_implementation(implementation)
+    unfusable = tuple(dict.fromkeys((*unfusable, *(("logit_soft_cap",) if has_soft_cap else ()))))
+    has_soft_cap = bool(unfusable)  # below: "the logits are transformed"
     if needs_weights or symbolic:
         return record_path("explicit")
-    if implementation == "fused" and has_soft_cap:
+    if implementation == "fused" and unfusable:
+        what = ("cannot soft-cap the logits" if "logit_soft_cap" in unfusable else
+                "cannot transform the logits")
         raise ValueError(
-            "The fused kernel (`keras.ops.dot_product_attention`) cannot soft-cap the "
-            "logits; use implementation='auto', 'blockwise' or 'explicit'. "
-            f"Received: implementation={implementation!r} with a logit_soft_cap")
+            f"The fused kernel (`keras.ops.dot_product_attention`) {what}; use "
+            "implementation='auto', 'blockwise' or 'explicit'. "
+            f"Received: implementation={implementation!r} with {', '.join(unfusable)}")
     if implementation == "blockwise" and (T is None or S is None):
         raise ValueError(
             "`implementation='blockwise'` needs static query and key lengths. "

@@ -275,16 +275,16 @@ def scaled_dot_product_attention(
     mask = as_bool_mask("mask", mask)
     if scale is None:
         scale = 1.0 / math.sqrt(static_shape(query)[-1])
+    spec = KernelSpec(is_causal=bool(is_causal), scale=float(scale),
+                      sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
+                      dropout_rate=float(dropout_rate), seed=seed, training=bool(training))
     needs_weights = bool(return_attention_scores) or bool(training and dropout_rate > 0.0)
     path = select_implementation(
         implementation, backend=keras.backend.backend(), lead=score_lead(query, key),
         T=static_shape(query)[-2], S=static_shape(key)[-2], has_mask=mask is not None,
         has_bias=bias is not None, is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
-        has_window=sliding_window is not None, has_soft_cap=logit_soft_cap is not None,
+        has_window=sliding_window is not None, unfusable=spec.unfusable,
         device=device_kind(query), mode=execution_mode())
-    spec = KernelSpec(is_causal=bool(is_causal), scale=float(scale),
-                      sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
-                      dropout_rate=float(dropout_rate), seed=seed, training=bool(training))
     return attend(path, query, key, value, mask, bias, spec=spec,
                   return_attention_scores=return_attention_scores)
 
@@ -392,7 +392,7 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
         implementation, lead=(B, H), T=T, S=S, has_mask=mask is not None, has_bias=False,
         is_causal=is_causal, needs_weights=bool(return_attention_scores) or spec.drops,
         symbolic=isinstance(query, keras.KerasTensor), has_window=spec.sliding_window is not None,
-        has_soft_cap=spec.logit_soft_cap is not None, device=device_kind(query),
+        unfusable=spec.unfusable, device=device_kind(query),
         cached=cached, backend=keras.backend.backend(), mode=execution_mode())
     if path == "fused" and 0 not in (T, S):
         # Keras's (B, T, H, d) layout: no transposes on our side.

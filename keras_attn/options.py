@@ -208,6 +208,17 @@ class KernelSpec:
     seed: object = None
     training: bool = False
 
+    # The fields that transform the logits `q . k * scale` elementwise, applied in that
+    # order by `keras_attn._kernels.common.transform_logits` on the explicit and
+    # blockwise paths; the fused kernel (`keras.ops.dot_product_attention`) applies none,
+    # so the policy routes a call that sets one elsewhere.
+    LOGIT_TRANSFORMS = ("logit_soft_cap",)
+
+    @property
+    def unfusable(self):
+        """The names of the set fields that the fused kernel cannot apply."""
+        return tuple(name for name in self.LOGIT_TRANSFORMS if getattr(self, name) is not None)
+
     @property
     def positional(self):
         """Whether positions mask keys (causal or a window)."""

@@ -11,6 +11,7 @@ and the custom gradient on top of these.
 
 from keras import ops
 
+from keras_attn._kernels.common import transform_logits
 from keras_attn._masks import and_masks, may_attend
 
 __all__ = ["_Blocks", "_from_k_blocks", "_from_q_blocks", "_k_blocks", "_map", "_q_blocks"]
@@ -38,9 +39,8 @@ class _Blocks:
         self.nq = -(-rows // self.bq)
         self.nk = -(-S // self.bk)
         self.Tp, self.Sp = self.nq * self.bq, self.nk * self.bk
-        self.group, self.scale = group, spec.scale
+        self.spec, self.group, self.scale = spec, group, spec.scale
         self.is_causal, self.sliding_window = spec.is_causal, spec.sliding_window
-        self.logit_soft_cap = spec.logit_soft_cap
         self.offset = S - rows // group  # position p may see key j iff j <= p + offset
         self.lead = lead  # leading dims (ints or scalar tensors)
 
@@ -125,10 +125,7 @@ class _Blocks:
             s = ops.matmul(k_j, ops.swapaxes(q_i, -1, -2)) * self.scale  # (..., bk, bq)
         else:
             s = ops.matmul(q_i, ops.swapaxes(k_j, -1, -2)) * self.scale  # (..., bq, bk)
-        d_cap = None
-        if self.logit_soft_cap is not None:
-            t = ops.tanh(s / self.logit_soft_cap)
-            s, d_cap = self.logit_soft_cap * t, 1.0 - t * t
+        s, d_cap = transform_logits(s, self.spec)
         flip = (lambda x: ops.swapaxes(x, -1, -2)) if transposed else (lambda x: x)
         if bias is not None:
             s = s + flip(self.tile(bias, i, j))

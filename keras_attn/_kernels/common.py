@@ -64,3 +64,18 @@ def empty_attention(query, key, value, return_attention_scores=False):
     if return_attention_scores:
         return output, ops.cast(weights, value.dtype)
     return output
+
+
+def transform_logits(logits, spec):
+    """`(logits, d_logits)`: `spec`'s elementwise transforms of the logits `q . k * scale`.
+
+    `spec.LOGIT_TRANSFORMS` in order: a soft-cap c gives `c * tanh(logits / c)`
+    (Gemma 2). `d_logits` is the derivative of the result by the input (None when
+    nothing is applied), what the blockwise backward pass multiplies by; the
+    explicit path lets autodiff differentiate the same ops.
+    """
+    derivative = None
+    if spec.logit_soft_cap is not None:
+        t = ops.tanh(logits / spec.logit_soft_cap)
+        logits, derivative = spec.logit_soft_cap * t, 1.0 - t * t
+    return logits, derivative

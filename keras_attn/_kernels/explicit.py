@@ -9,7 +9,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn._kernels.common import group_size
+from keras_attn._kernels.common import group_size, transform_logits
 from keras_attn._masks import combine_masks, positional_mask
 from keras_attn._shapes import softmax_dtype, static_shape
 
@@ -50,7 +50,6 @@ def explicit_attention(query, key, value, mask, bias, spec, *, return_attention_
     `spec`: the `keras_attn.options.KernelSpec` (causal, scale, window, soft-cap, dropout).
     """
     is_causal, scale, sliding_window = spec.is_causal, spec.scale, spec.sliding_window
-    logit_soft_cap = spec.logit_soft_cap
     compute = softmax_dtype(query.dtype)
     q, k = ops.cast(query, compute), ops.cast(key, compute)
     group, q_shape = group_size(query, key), static_shape(query)
@@ -72,8 +71,7 @@ def explicit_attention(query, key, value, mask, bias, spec, *, return_attention_
         logits = ops.matmul(q, ops.swapaxes(k, -1, -2)) * scale  # (..., T, S) or (..., H_kv, G*T, S)
     if group > 1:
         logits = ops.reshape(logits, (*lead, H, T, -1))  # (..., H, T, S)
-    if logit_soft_cap is not None:
-        logits = logit_soft_cap * ops.tanh(logits / logit_soft_cap)
+    logits, _ = transform_logits(logits, spec)
     if bias is not None:
         logits = logits + ops.cast(bias, compute)
     allowed = combine_masks(

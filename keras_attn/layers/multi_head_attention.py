@@ -4,7 +4,6 @@
 (`_compute_attention`, if overridden) -> output projection.
 """
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -198,7 +197,6 @@ class MultiHeadAttention(keras.layers.Layer):
             compat.implementation_from_config(implementation), flash_attention)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         self.options = options.for_heads(self.num_heads, self.key_dim)
-        self._options_window_in_mask = dataclasses.replace(self.options, sliding_window=None)
         self.supports_masking = True
 
     @property
@@ -303,10 +301,8 @@ class MultiHeadAttention(keras.layers.Layer):
     def _attend(self, q, k, v, mask, is_causal, window, training, return_scores, cached):
         """`keras_attn.attention.attend_heads` with this layer's settings (`window` None:
         the window is in `mask` already)."""
-        # Both made in __init__: `replace` re-validates every field, a cost per decode step.
-        options = self.options if window is not None else self._options_window_in_mask
         return attend_heads(
-            q, k, v, options, mask=mask, is_causal=is_causal,
+            q, k, v, self.options, mask=mask, is_causal=is_causal, window_in_mask=window is None,
             implementation=self.implementation, dropout_rate=self.dropout,
             seed=self.seed_generator, training=training, return_attention_scores=return_scores,
             cached=cached)
