@@ -246,5 +246,6 @@ def kernel_spec(options, *, is_causal=False, scale, dropout_rate=0.0, seed=None,
     return KernelSpec(
         is_causal=bool(is_causal), scale=float(scale),
         sliding_window=options.sliding_window if sliding_window == "options" else sliding_window,
-        logit_soft_cap=options.logit_soft_cap, dropout_rate=float(dropout_rate), seed=seed,
-        training=bool(training))
+        dropout_rate=float(dropout_rate), seed=seed, training=bool(training),
+        # Every logit transform is an AttentionOptions field of the same name.
+        **{name: getattr(options, name) for name in KernelSpec.LOGIT_TRANSFORMS})
