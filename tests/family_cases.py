@@ -17,6 +17,7 @@ B, T, NEW = 2, 24, 16  # the logits over T tokens; 16 greedy tokens after a prom
 P = 8
 STD = 0.35
 TOLERANCE = 1e-4  # max |keras - hf| / max |hf|
+DROP = object()  # a case's value for a common kwarg its config does not have
 
 _COMMON = dict(vocab_size=V, hidden_size=D, intermediate_size=F, num_attention_heads=H,
                num_key_value_heads=H_KV, max_position_embeddings=64, rms_norm_eps=1e-6,
@@ -70,6 +71,31 @@ CASES = {
                                             "rope_theta": 1e5}}),
         7, ("sliding layers' RoPE base 1e4 -> 1e5", "config",
             {"where": "sliding", "rope_max_wavelength": 1e5})),
+    # The families of issue 32, each in a module of its own (keras_attn/convert/families/).
+    "starcoder2": ("Starcoder2Config", dict(
+        num_hidden_layers=2, sliding_window=6, use_bias=True, norm_epsilon=1e-5,
+        hidden_act="gelu_pytorch_tanh", tie_word_embeddings=False, rms_norm_eps=DROP),
+        8, ("sliding_window -> None", "config", {"where": "sliding", "sliding_window": None})),
+    "gemma": ("GemmaConfig", dict(num_hidden_layers=2, head_dim=16, num_key_value_heads=1,
+                                  hidden_act="gelu_pytorch_tanh"),
+              9, ("RMSNorm weights w, not 1 + w", "norm_offset", {})),
+    "phi3": ("Phi3Config", dict(num_hidden_layers=2, sliding_window=8,
+                                tie_word_embeddings=False),
+             10, ("RoPE base 1e4 -> 1e2", "config",
+                  {"where": "all", "rope_max_wavelength": 100.0})),
+    "granite": ("GraniteConfig", dict(num_hidden_layers=2, attention_multiplier=0.3,
+                                      embedding_multiplier=6.0, residual_multiplier=0.4,
+                                      logits_scaling=4.0, tie_word_embeddings=True),
+                11, ("residual_multiplier 0.4 -> 1", "config",
+                     {"where": "all", "residual_scale": None})),
+    "ministral": ("MinistralConfig", dict(
+        num_hidden_layers=3, head_dim=16, sliding_window=6, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+        12, ("sliding_window -> None", "config", {"where": "sliding", "sliding_window": None})),
+    "smollm3": ("SmolLM3Config", dict(num_hidden_layers=4, no_rope_layer_interval=2,
+                                      tie_word_embeddings=True),
+                13, ("RoPE in every block (no_rope_layers ignored)", "config",
+                     {"where": "all", "rope_max_wavelength": 1e4})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -78,7 +104,7 @@ SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_
 
 def config_kwargs(name, small=False):
     """The transformers config kwargs of case `name` (the fixtures' smaller one if `small`)."""
-    kwargs = {**_COMMON, **CASES[name][1]}
+    kwargs = {k: v for k, v in {**_COMMON, **CASES[name][1]}.items() if v is not DROP}
     if small:
         kwargs.update(SMALL, num_hidden_layers=2)
         if "head_dim" in kwargs:

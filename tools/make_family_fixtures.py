@@ -2,7 +2,10 @@
 
 Run in the torch environment (it needs torch and transformers), from the repository root:
 
-    KERAS_BACKEND=torch python tools/make_family_fixtures.py
+    KERAS_BACKEND=torch python tools/make_family_fixtures.py [NAME ...]
+
+(NAMEs: only those cases; a fixture already written is a contract, so new cases are
+written alone.)
 
 Per case of tests/family_cases.py, in its small shape (V=32, D=16, 2 layers: each fixture
 well under 100 KB), with the same random weights far from identity: the model converted by
@@ -41,7 +44,7 @@ def deflate(path):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    for name in fc.CASES:
+    for name in sys.argv[1:] or fc.CASES:
         model = fc.build_hf(name, small=True)
         ids = fc.token_ids(name, small=True)
         logits, tokens, margin = fc.hf_reference(model, ids)

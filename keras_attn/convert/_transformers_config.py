@@ -116,21 +116,31 @@ class ModelSpec:
     output_bias: bool
     mlp_bias: bool
     qk_norm: bool
-    gemma: bool  # sandwich norms, weights stored as `w` for `1 + w`, embedding scale sqrt(D)
     final_logit_soft_cap: float | None
     layers: list[LayerSpec]
+    # Each field one fact (issue 32: `gemma` meant the first three at once).
+    sandwich_norms: bool = False  # norms after attention and MLP too (Gemma 2 and 3)
+    norm_offset: float = 0.0  # the norms multiply by `norm_offset + w` (Gemma: 1 + w)
+    embedding_scale: float | None = None  # the embeddings times it (Gemma: sqrt(D))
+    normalization: str = "rms"  # "rms" (RMSNorm) or "layer" (LayerNorm with a bias)
+    gated_feed_forward: bool = True  # gate * up (SwiGLU, GeGLU); False: up then down
+    residual_scale: float | None = None  # every residual branch times it (Granite)
+    logits_scaling: float | None = None  # the logits divided by it (Granite)
 
-    @property
-    def norm_offset(self):
-        return 1.0 if self.gemma else 0.0
+
+def table_of(fields):
+    """A family's `FIELDS` with the fields every config has: `{"read": [...], "neutral":
+    {field: values}, "ignored": {field: why}}`."""
+    return {"read": sorted(set(fields["read"])),
+            "neutral": {**NEUTRAL_ALL, **fields.get("neutral", {})},
+            "ignored": {**IGNORED, **fields.get("ignored", {})}}
 
 
 def family_table():
     """`{model_type: {"read": [...], "neutral": {field: values}, "ignored": {field: why}}}`."""
-    return {name: {"read": sorted(set(f["read"])),
-                   "neutral": {**NEUTRAL_ALL, **f.get("neutral", {})},
-                   "ignored": {**IGNORED, **f["ignored"]}}
-            for name, f in FAMILIES.items()}
+    from keras_attn.convert import families
+
+    return {name: table_of(families.family(name).FIELDS) for name in families.model_types()}
 
 
 def _as_dict(config):
@@ -167,8 +177,10 @@ def _number(config, field, default=None, allow_none=False, positive=True):
     return float(value)
 
 
-def _check_fields(config, family):
-    table = family_table()[family]
+def check_fields(config, family, fields):
+    """Refuse a field of `config` that `fields` (a family's `FIELDS`) does not classify, or a
+    neutral one away from its neutral value."""
+    table = table_of(fields)
     for field, value in config.items():
         if field in table["read"] or field in table["ignored"]:
             continue
@@ -302,12 +314,22 @@ def _layer_types(config, family, num_layers):
 
 
 def read_config(config):
-    """The `ModelSpec` of a transformers config or dict; a `ValueError` for what is refused."""
+    """The `ModelSpec` of a transformers config or dict; a `ValueError` for what is refused.
+
+    The family module registered for `config["model_type"]`
+    (`keras_attn.convert.families`) checks every field and reads the spec.
+    """
+    from keras_attn.convert import families  # the registry imports the modules it lists
+
     config = _as_dict(config)
-    family = config.get("model_type")
-    if family not in FAMILIES:
-        _refuse("model_type", family, f"supported: {', '.join(map(repr, FAMILIES))}")
-    _check_fields(config, family)
+    module = families.family(config.get("model_type"))
+    check_fields(config, module.MODEL_TYPE, module.FIELDS)
+    return module.spec(config)
+
+
+def read_llama_like(config, family):
+    """The spec of today's first six families (llama ... gemma3_text), whose family modules
+    share this reader (its `family` branches are theirs)."""
     gemma = family.startswith("gemma")
     D = _positive_int(config, "hidden_size")
     H = _positive_int(config, "num_attention_heads")
@@ -354,5 +376,6 @@ def read_config(config):
         tie_word_embeddings=bool(config.get("tie_word_embeddings", gemma)),
         qkv_bias=True if family == "qwen2" else attention_bias,
         output_bias=False if family == "qwen2" else attention_bias,
-        mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=qk_norm, gemma=gemma,
-        final_logit_soft_cap=final_cap, layers=layers)
+        mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=qk_norm,
+        final_logit_soft_cap=final_cap, layers=layers, sandwich_norms=gemma,
+        norm_offset=1.0 if gemma else 0.0, embedding_scale=float(math.sqrt(D)) if gemma else None)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from keras_attn.convert import _common
+from keras_attn.convert import _common, families
 from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
 from keras_attn.layers._common import gelu_approximate
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
@@ -72,7 +72,7 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub=""):
         if flag:
             bias[part] = _cross_check(entries, name, (rows,), letters, what)
         elif entries.has(name):
-            why = ("Qwen 2 has no output bias" if spec.family == "qwen2" else
+            why = (f"{spec.family!r} has no output bias" if spec.qkv_bias else
                    "the config has attention_bias=False")
             raise ValueError(
                 f"The config and the weights disagree: {why}, but state_dict has "
@@ -91,14 +91,32 @@ def _block(spec: ModelSpec, index, name=None, dtype=None):
     """The unbuilt `TransformerDecoderLayer` of layer `index`."""
     return TransformerDecoderLayer(
         spec.num_heads, intermediate_dim=spec.intermediate_dim, key_dim=spec.head_dim,
-        num_key_value_heads=spec.num_key_value_heads, normalization="rms",
-        normalize_first=True, gated_feed_forward=True,
+        num_key_value_heads=spec.num_key_value_heads, normalization=spec.normalization,
+        normalize_first=True, gated_feed_forward=spec.gated_feed_forward,
         activation=gelu_approximate if spec.activation == "gelu_approximate" else spec.activation,
         layer_norm_epsilon=spec.epsilon, use_bias=spec.mlp_bias,
         attention_use_bias=spec.qkv_bias, attention_output_use_bias=spec.output_bias,
-        feed_forward_use_bias=spec.mlp_bias, use_post_attention_norm=spec.gemma,
-        use_post_ffw_norm=spec.gemma, attention_dropout=spec.attention_dropout,
-        name=name, dtype=dtype, **spec.layers[index].attention)
+        feed_forward_use_bias=spec.mlp_bias, use_post_attention_norm=spec.sandwich_norms,
+        use_post_ffw_norm=spec.sandwich_norms, attention_dropout=spec.attention_dropout,
+        name=name, dtype=dtype, **_block_options(spec), **spec.layers[index].attention)
+
+
+def _block_options(spec):
+    """The block keywords newer than the first families' (set only when used)."""
+    options = {}
+    if spec.residual_scale is not None:
+        options["residual_scale"] = spec.residual_scale
+    return options
+
+
+def _norm_plan(entries, spec, norm, name):
+    """An RMSNorm's `norm_offset + w`, or a LayerNorm's weight and bias."""
+    D = spec.hidden_dim
+    w = _cross_check(entries, f"{name}.weight", (D,), "(D,)", f"hidden_size={D}")
+    if spec.normalization == "rms":
+        return [(norm.scale, w + spec.norm_offset, f"{name} weight")]
+    b = _cross_check(entries, f"{name}.bias", (D,), "(D,)", f"hidden_size={D}")
+    return [(norm.gamma, w, f"{name} weight"), (norm.beta, b, f"{name} bias")]
 
 
 def _block_plan(entries, spec: ModelSpec, block, sub=""):
@@ -106,9 +124,10 @@ def _block_plan(entries, spec: ModelSpec, block, sub=""):
     plan = _attention_plan(entries, spec, block.self_attention, sub + "self_attn.")
     ff = block.feed_forward
     sizes = f"intermediate_size={F}, hidden_size={D}"
-    for part, dense, shape, letters in (("gate", ff.gate_dense, (F, D), "(F, D)"),
-                                        ("up", ff.intermediate_dense, (F, D), "(F, D)"),
-                                        ("down", ff.output_dense, (D, F), "(D, F)")):
+    parts = [("gate", getattr(ff, "gate_dense", None), (F, D), "(F, D)"),
+             ("up", ff.intermediate_dense, (F, D), "(F, D)"),
+             ("down", ff.output_dense, (D, F), "(D, F)")]
+    for part, dense, shape, letters in parts[0 if spec.gated_feed_forward else 1:]:
         name = f"{sub}mlp.{part}_proj"
         w = _cross_check(entries, name + ".weight", shape, letters, sizes)
         b = None
@@ -119,16 +138,27 @@ def _block_plan(entries, spec: ModelSpec, block, sub=""):
                              f"state_dict has {entries.key(name + '.bias')}.")
         plan += _common.dense_plan(dense, w.T, b, f"mlp.{part}_proj")
     norms = [("input_layernorm", block.self_attention_norm)]
-    if spec.gemma:
+    if spec.sandwich_norms:
         norms += [("post_attention_layernorm", block.post_attention_norm),
                   ("pre_feedforward_layernorm", block.feed_forward_norm),
                   ("post_feedforward_layernorm", block.post_feed_forward_norm)]
     else:
         norms += [("post_attention_layernorm", block.feed_forward_norm)]
     for norm_name, norm in norms:
-        w = _cross_check(entries, f"{sub}{norm_name}.weight", (D,), "(D,)", f"hidden_size={D}")
-        plan.append((norm.scale, w + spec.norm_offset, f"{norm_name} weight"))
+        plan += _norm_plan(entries, spec, norm, sub + norm_name)
     return plan
+
+
+def _entries(state_dict, spec, prefix=""):
+    """The state dict's entries in the Llama layout: the family renames and splits its own
+    (`canonical_state_dict`, where it has one)."""
+    module = families.family(spec.family)
+    canonical = getattr(module, "canonical_state_dict", None)
+    if canonical is not None:
+        if not isinstance(state_dict, Mapping) and callable(getattr(state_dict, "state_dict", None)):
+            state_dict = state_dict.state_dict()
+        state_dict = canonical(dict(state_dict), spec)
+    return _common.StateDict(state_dict, prefix)
 
 
 def _check_layer_index(spec, layer_index):
@@ -143,7 +173,7 @@ def _convert_layer(module_or_state_dict, config, layer_index, make, plan_of):
     layer, check every state-dict entry against it (`plan_of`), then assign."""
     spec = read_config(config)
     _check_layer_index(spec, layer_index)
-    entries = _common.StateDict(module_or_state_dict, "")
+    entries = _entries(module_or_state_dict, spec)
     layer = make(spec)
     plan = plan_of(entries, spec, layer)
     entries.check_all_used()
@@ -253,7 +283,7 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
     else:
         config = model_or_config
     spec = read_config(config)
-    entries = _common.StateDict(state_dict, "")
+    entries = _entries(state_dict, spec)
     V, D = spec.vocabulary_size, spec.hidden_dim
     sizes = f"vocab_size={V}, hidden_size={D}"
     embedding = _cross_check(entries, "model.embed_tokens.weight", (V, D), "(V, D)", sizes)
@@ -273,15 +303,15 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
     lm = CausalLM(
         V, D, [_block(spec, i, name=f"block_{i}", dtype=kwargs.get("dtype"))
                for i in range(spec.num_layers)],
-        normalization="rms", layer_norm_epsilon=spec.epsilon,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        embedding_scale=float(np.sqrt(D)) if spec.gemma else None,
-        final_logit_soft_cap=spec.final_logit_soft_cap, **kwargs)
+        normalization=spec.normalization, layer_norm_epsilon=spec.epsilon,
+        tie_word_embeddings=spec.tie_word_embeddings, embedding_scale=spec.embedding_scale,
+        final_logit_soft_cap=spec.final_logit_soft_cap,
+        **({"logits_scaling": spec.logits_scaling} if spec.logits_scaling is not None else {}),
+        **kwargs)
     plan = [(lm.token_embedding.embeddings, embedding, "model.embed_tokens weight")]
     for i, block in enumerate(lm.blocks):
         plan += _block_plan(entries, spec, block, f"model.layers.{i}.")
-    final = _cross_check(entries, "model.norm.weight", (D,), "(D,)", f"hidden_size={D}")
-    plan.append((lm.final_norm.scale, final + spec.norm_offset, "model.norm weight"))
+    plan += _norm_plan(entries, spec, lm.final_norm, "model.norm")
     if head is not None and lm.lm_head is not None:
         plan.append((lm.lm_head.kernel, head.T, "lm_head weight"))
     entries.check_all_used()

@@ -1,0 +1,43 @@
+"""The Hugging Face model families keras_attn converts: one module per `model_type`.
+
+Each module (`llama.py`, `starcoder2.py`, ...) holds what keras_attn knows of its
+family:
+
+- `MODEL_TYPE`: the config's `model_type`;
+- `FIELDS`: its config fields, `{"read": (...), "neutral": {field: values},
+  "ignored": {field: why}}` (the fields every config has are added by
+  `keras_attn.convert._transformers_config.table_of`); a field in none of them is
+  refused, so a field added by a newer transformers cannot be dropped silently;
+- `spec(config) -> ModelSpec`: the config (a dict) in keras_attn's terms, every
+  field it cannot reproduce refused with a `ValueError` naming it;
+- optionally `canonical_state_dict(entries, spec) -> dict`: its weights renamed (and
+  fused ones split) into the Llama layout the converter maps (`q_proj`, `gate_proj`,
+  `input_layernorm`, ...), each split cross-checked against the config.
+
+A family module imports the shared private helpers (`_transformers_config`,
+`families/_weights.py`), never another family's module. This registry imports a
+module when its `model_type` is first asked for.
+"""
+
+import importlib
+
+__all__ = ["family", "model_types"]
+
+# model_type -> module (in keras_attn.convert.families).
+_MODULES = {name: name for name in (
+    "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
+    "starcoder2", "gemma", "phi3", "granite", "ministral", "smollm3")}
+
+
+def model_types():
+    """The supported `model_type`s, in the order they were added."""
+    return tuple(_MODULES)
+
+
+def family(model_type):
+    """The family module of `model_type`; a `ValueError` naming it when unsupported."""
+    if not isinstance(model_type, str) or model_type not in _MODULES:
+        raise ValueError(
+            f"config field `model_type` is not supported (keras_attn converts "
+            f"{', '.join(map(repr, _MODULES))}). Received: model_type={model_type!r}")
+    return importlib.import_module(f"{__name__}.{_MODULES[model_type]}")

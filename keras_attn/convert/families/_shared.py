@@ -1,0 +1,91 @@
+"""What every decoder family's config holds, read once (the family modules use it).
+
+`core(config, ...)` reads the sizes, the activation and the norm epsilon;
+`layer_specs(...)` makes the per-block attention options. Field names are
+transformers' (a family whose field is named otherwise passes its name).
+"""
+
+from keras_attn.convert._transformers_config import (
+    ACTIVATIONS,
+    LAYER_TYPES,
+    LayerSpec,
+    _number,
+    _positive_int,
+    _refuse,
+    _rope,
+)
+
+__all__ = ["core", "layer_specs", "layer_types", "refuse", "rope_of", "window_of"]
+
+refuse = _refuse
+# The fields `core` reads (each family lists them with its own in FIELDS["read"]).
+CORE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "head_dim", "attention_dropout",
+               "tie_word_embeddings", "rope_parameters", "rope_theta", "rope_scaling")
+
+
+def core(config, *, activation_field="hidden_act", default_activation="silu",
+         epsilon_field="rms_norm_eps", default_epsilon=1e-6, tie_default=False):
+    """The keyword arguments of `ModelSpec` that every family reads the same way."""
+    D = _positive_int(config, "hidden_size")
+    H = _positive_int(config, "num_attention_heads")
+    H_kv = (_positive_int(config, "num_key_value_heads")
+            if config.get("num_key_value_heads") is not None else H)
+    if H % H_kv:
+        _refuse("num_key_value_heads", H_kv, f"it must divide num_attention_heads={H}")
+    d = _positive_int(config, "head_dim") if config.get("head_dim") is not None else D // H
+    activation = config.get(activation_field, default_activation)
+    if activation not in ACTIVATIONS:
+        _refuse(activation_field, activation, f"supported: {', '.join(map(repr, ACTIVATIONS))}")
+    return dict(
+        family=config["model_type"], vocabulary_size=_positive_int(config, "vocab_size"),
+        hidden_dim=D, intermediate_dim=_positive_int(config, "intermediate_size"),
+        num_layers=_positive_int(config, "num_hidden_layers"), num_heads=H,
+        num_key_value_heads=H_kv, head_dim=d, activation=ACTIVATIONS[activation],
+        epsilon=_number(config, epsilon_field, default_epsilon),
+        attention_dropout=_number(config, "attention_dropout", 0.0, positive=False),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", tie_default)))
+
+
+def rope_of(config):
+    """The RoPE options (AttentionOptions fields) of a config with one `rope_parameters`
+    (or the older `rope_theta` / `rope_scaling`)."""
+    params = config.get("rope_parameters")
+    if params is not None and config.get("rope_scaling") is not None:
+        _refuse("rope_scaling", config["rope_scaling"],
+                "give either `rope_parameters` or the older `rope_scaling`, not both")
+    if params is None:
+        params = {"rope_theta": config.get("rope_theta", 10000.0),
+                  **dict(config.get("rope_scaling") or {})}
+        return _rope(params, "rope_scaling", config.get("max_position_embeddings"))
+    if "rope_theta" in config and config["rope_theta"] != params.get("rope_theta"):
+        _refuse("rope_theta", config["rope_theta"], "it differs from rope_parameters['rope_theta']")
+    return _rope(params, "rope_parameters", config.get("max_position_embeddings"))
+
+
+def window_of(config, field="sliding_window"):
+    window = config.get(field)
+    return None if window is None else _positive_int(config, field)
+
+
+def layer_types(config, num_layers, window):
+    """`layer_types` checked: one of LAYER_TYPES per layer, a window for sliding ones."""
+    types = list(config["layer_types"])
+    if len(types) != num_layers or any(t not in LAYER_TYPES for t in types):
+        _refuse("layer_types", types, f"one of {LAYER_TYPES} per layer "
+                f"(num_hidden_layers={num_layers})")
+    if "sliding_attention" in types and window is None:
+        _refuse("sliding_window", window, "layer_types has sliding layers: a window is needed")
+    return types
+
+
+def layer_specs(num_layers, rope, *, windows=None, uses_rope=None, **attention):
+    """One LayerSpec per block: the RoPE options where `uses_rope[i]` (all by default), the
+    window `windows[i]` (None: none), and `attention`'s other options everywhere."""
+    specs = []
+    for i in range(num_layers):
+        options = dict(rope) if uses_rope is None or uses_rope[i] else {}
+        options["sliding_window"] = None if windows is None else windows[i]
+        options.update(attention)
+        specs.append(LayerSpec(options))
+    return specs

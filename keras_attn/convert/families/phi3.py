@@ -1,0 +1,67 @@
+"""`model_type="phi3"` (Phi-3, Phi-4-mini) with the default RoPE: the fused `qkv_proj`
+(rows: H*d queries, then H_kv*d keys, then H_kv*d values) and `gate_up_proj` (F gate
+rows, then F up rows) are split on load and cross-checked against the config.
+`longrope` (Phi-3's long-context variants: per-frequency factor lists) is refused."""
+
+import numpy as np
+
+from keras_attn.convert import _common
+from keras_attn.convert._transformers_config import ModelSpec, _positive_int
+from keras_attn.convert.families import _shared
+
+MODEL_TYPE = "phi3"
+FIELDS = {
+    "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "sliding_window",
+                                   "original_max_position_embeddings"),
+    "neutral": {},
+    "ignored": {"resid_pdrop": "dropout while training only (inference: identity)",
+                "embd_pdrop": "dropout while training only (inference: identity)"},
+}
+
+
+def spec(config):
+    core = _shared.core(config, tie_default=False)
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        _shared.refuse("rope_parameters['rope_type']", rope_type,
+                       "keras_attn reproduces Phi-3's default RoPE only (longrope scales each "
+                       "frequency by a list of factors)")
+    if config.get("original_max_position_embeddings") is not None:
+        _positive_int(config, "original_max_position_embeddings")  # read by longrope only
+    window = _shared.window_of(config)
+    return ModelSpec(
+        **core, qkv_bias=False, output_bias=False, mlp_bias=False, qk_norm=False,
+        final_logit_soft_cap=None,
+        layers=_shared.layer_specs(core["num_layers"], _shared.rope_of(config),
+                                   windows=[window] * core["num_layers"]))
+
+
+def canonical_state_dict(entries, spec):
+    """`qkv_proj` into `q_proj`, `k_proj`, `v_proj`; `gate_up_proj` into `gate_proj`,
+    `up_proj` (as transformers' `qkv[..., :H*d]`, ... and `chunk(2)` split them)."""
+    H, H_kv, d, F = spec.num_heads, spec.num_key_value_heads, spec.head_dim, spec.intermediate_dim
+    for key in [k for k in entries if isinstance(k, str)]:
+        if key.endswith("self_attn.qkv_proj.weight"):
+            prefix = key[:-len("qkv_proj.weight")]
+            part = _common.to_numpy(entries.pop(key), f"state_dict entry {key!r}")
+            sizes = (H * d, H_kv * d, H_kv * d)
+            _check_rows(key, part, sizes, f"num_attention_heads={H}, num_key_value_heads={H_kv}, "
+                        f"head_dim={d} (H * d + 2 * H_kv * d = {sum(sizes)})")
+            q, k, v = np.split(part, np.cumsum(sizes)[:-1], axis=0)
+            entries.update({prefix + "q_proj.weight": q, prefix + "k_proj.weight": k,
+                            prefix + "v_proj.weight": v})
+        elif key.endswith("mlp.gate_up_proj.weight"):
+            prefix = key[:-len("gate_up_proj.weight")]
+            part = _common.to_numpy(entries.pop(key), f"state_dict entry {key!r}")
+            _check_rows(key, part, (F, F), f"intermediate_size={F} (2 * F = {2 * F})")
+            gate, up = np.split(part, 2, axis=0)
+            entries.update({prefix + "gate_proj.weight": gate, prefix + "up_proj.weight": up})
+    return entries
+
+
+def _check_rows(key, array, sizes, fields):
+    if array.ndim != 2 or array.shape[0] != sum(sizes):
+        raise ValueError(
+            f"The config and the weights disagree: {fields} give {sum(sizes)} rows for "
+            f"state_dict entry {key!r}, which has shape {_common.shape_text(array.shape)}.")

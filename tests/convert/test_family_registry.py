@@ -1,0 +1,77 @@
+"""The family registry: one module per `model_type`, none importing another's."""
+
+import ast
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.convert import families
+from keras_attn.convert.transformers import causal_lm_from_transformers
+
+FOLDER = pathlib.Path(families.__file__).parent
+TINY = dict(vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1)
+
+
+def test_every_model_type_has_its_module():
+    for name in families.model_types():
+        module = families.family(name)
+        assert module.MODEL_TYPE == name and callable(module.spec)
+        assert set(module.FIELDS) <= {"read", "neutral", "ignored"}
+
+
+def test_an_unknown_model_type_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"model_type.*Received: model_type='gpt2'"):
+        families.family("gpt2")
+    with pytest.raises(ValueError, match="model_type"):
+        causal_lm_from_transformers({"model_type": "gpt2"}, {})
+
+
+def test_no_family_module_imports_another():
+    names = set(families.model_types())
+    for path in FOLDER.glob("*.py"):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {node.module.rsplit(".", 1)[-1]} | {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {a.name.rsplit(".", 1)[-1] for a in node.names}
+        others = (imported & names) - {path.stem}
+        assert not others, f"{path.name} imports the family module(s) {sorted(others)}"
+
+
+def test_a_field_a_family_cannot_reproduce_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"rope_parameters\['rope_type'\].*longrope"):
+        causal_lm_from_transformers(
+            {"model_type": "phi3", **TINY,
+             "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, {})
+    with pytest.raises(ValueError, match=r"no_rope_layers"):
+        causal_lm_from_transformers({"model_type": "smollm3", **TINY, "no_rope_layers": [2]}, {})
+    with pytest.raises(ValueError, match=r"unknown.*Received: rms_norm_eps=1e-06"):
+        causal_lm_from_transformers({"model_type": "starcoder2", **TINY, "rms_norm_eps": 1e-6}, {})
+
+
+def test_phi3s_fused_projections_are_cross_checked_against_the_config():
+    g = np.random.default_rng(0)
+    config = {"model_type": "phi3", **TINY, "tie_word_embeddings": True}
+    d = 4  # hidden_size / num_attention_heads
+    state = {"model.embed_tokens.weight": g.normal(size=(16, 8)),
+             "model.norm.weight": np.ones(8),
+             "model.layers.0.input_layernorm.weight": np.ones(8),
+             "model.layers.0.post_attention_layernorm.weight": np.ones(8),
+             "model.layers.0.self_attn.qkv_proj.weight": g.normal(size=(2 * d + 2 * d + 1, 8)),
+             "model.layers.0.self_attn.o_proj.weight": g.normal(size=(8, 2 * d)),
+             "model.layers.0.mlp.gate_up_proj.weight": g.normal(size=(24, 8)),
+             "model.layers.0.mlp.down_proj.weight": g.normal(size=(8, 12))}
+    with pytest.raises(ValueError, match=r"num_key_value_heads=1.*qkv_proj.*\(17, 8\)"):
+        causal_lm_from_transformers(config, state)
+    state["model.layers.0.self_attn.qkv_proj.weight"] = g.normal(size=(4 * d, 8))
+    lm = causal_lm_from_transformers(config, state)  # the right rows: split and loaded
+    ff = lm.blocks[0].feed_forward
+    fused = state["model.layers.0.mlp.gate_up_proj.weight"]  # (2F, D): gate rows, then up
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(ff.gate_dense.kernel), fused[:12].T,
+                               rtol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(ff.intermediate_dense.kernel),
+                               fused[12:].T, rtol=1e-6)
