@@ -22,10 +22,10 @@ One module per source: `keras_attn.convert.keras` (`keras.layers.MultiHeadAttent
 `keras_attn.convert.torch` (`torch.nn` state dicts) and
 `keras_attn.convert.huggingface` (Llama state dicts), and
 `keras_attn.convert.transformers` (whole transformers LMs and their layers,
-read from the config, one module per family in `keras_attn.convert.families`: llama, mistral,
-qwen2, qwen3, gemma2, gemma3_text, starcoder2, gemma, phi3, granite, ministral, smollm3); the checks and the weight
-assignment they share are in `keras_attn.convert._common`. Import the
-converters from `keras_attn.convert` itself.
+read from the config, one module per family in `keras_attn.convert.families`:
+llama, mistral, qwen2, qwen3, gemma2, gemma3_text, starcoder2, gemma, phi3, granite,
+ministral, smollm3); the checks and the weight assignment they share are in
+`keras_attn.convert._common`. Import the converters from `keras_attn.convert` itself.
 """
 
 from keras_attn.convert.huggingface import (
