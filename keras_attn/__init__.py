@@ -21,8 +21,29 @@ own packages); otherwise using any layer name, or `keras_attn.register()`, does.
 
 import importlib
 import sys
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what `__getattr__` resolves, for type checkers and the API docs
+    from keras_attn import cache, config, convert, distribution, generation, layers, models, options
+    from keras_attn._observe import observe_paths
+    from keras_attn.attention import (
+        causal_mask,
+        combine_masks,
+        padding_mask,
+        scaled_dot_product_attention,
+        sliding_window_mask,
+    )
+    from keras_attn.cache import KVCache, empty_cache
+    from keras_attn.generation import generate
+    from keras_attn.layers.feed_forward import PositionwiseFeedForward
+    from keras_attn.layers.multi_head_attention import MultiHeadAttention
+    from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
+    from keras_attn.layers.transformer_encoder import TransformerEncoderLayer
+    from keras_attn.models.causal_lm import CausalLM
+    from keras_attn.options import AttentionOptions
+    from keras_attn.rotary import RotaryEmbedding, rotary_embedding
 
 # name -> the module that defines it (None: the name is a submodule).
 _NAMES = {
@@ -47,7 +68,35 @@ _NAMES = {
 _SUBMODULES = ("cache", "config", "convert", "distribution", "generation", "layers", "models",
                "options")
 
-__all__ = sorted([*_NAMES, *_SUBMODULES, "register"])
+__all__ = [  # a literal list, for tools that read it statically (the names below)
+    "AttentionOptions",
+    "CausalLM",
+    "KVCache",
+    "MultiHeadAttention",
+    "PositionwiseFeedForward",
+    "RotaryEmbedding",
+    "TransformerDecoderLayer",
+    "TransformerEncoderLayer",
+    "cache",
+    "causal_mask",
+    "combine_masks",
+    "config",
+    "convert",
+    "distribution",
+    "empty_cache",
+    "generate",
+    "generation",
+    "layers",
+    "models",
+    "observe_paths",
+    "options",
+    "padding_mask",
+    "register",
+    "rotary_embedding",
+    "scaled_dot_product_attention",
+    "sliding_window_mask",
+]
+assert sorted(__all__) == sorted([*_NAMES, *_SUBMODULES, "register"])
 
 
 def __getattr__(name):

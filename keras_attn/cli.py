@@ -197,6 +197,11 @@ def run_command(name, argv, quiet=False):
         raise ValueError(f"`keras-attn {name}` runs in `main`, not here. Received: name={name!r}")
     with _without_native_start_up_logs() if quiet else contextlib.nullcontext():
         module = importlib.import_module(module_name)
+        # The rest of what a command runs imports here too, while Abseil's start-up lines
+        # are caught: the layers, and the backend boundary behind the library's hooks
+        # (TensorFlow logs again when `keras_attn._device` first touches it).
+        importlib.import_module("keras_attn").register()
+        importlib.import_module("keras_attn._hooks").get("execution_mode")
     parser = argparse.ArgumentParser(prog=f"keras-attn {name}", description=help_text)
     module.add_arguments(parser)
     return module.run(parser.parse_args(argv))
