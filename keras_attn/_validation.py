@@ -20,7 +20,6 @@ __all__ = [
     "check_positive_float",
     "check_positive_int",
     "check_rank",
-    "check_rope_scaling",
     "concrete_value",
     "dtype_of",
 ]
@@ -45,71 +44,6 @@ def check_positive_float(name, value, allow_none=False):
             f"`{name}` must be a positive, finite number. Received: {name}={value!r}"
         )
     return float(value)
-
-
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-REFUSED_ROPE_TYPES = ("dynamic", "longrope")
-
-
-def _check_non_negative_float(name, value):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not (
-            value >= 0 and np.isfinite(value)):
-        raise ValueError(
-            f"`{name}` must be None or a non-negative, finite number. Received: {name}={value!r}")
-    return float(value)
-
-
-def check_rope_scaling(rope_type, scaling_factor, *, low_freq_factor=1.0, high_freq_factor=4.0,
-                       original_max_position_embeddings=None, beta_fast=32.0, beta_slow=1.0,
-                       attention_factor=None, mscale=None, mscale_all_dim=None, truncate=True,
-                       prefix=""):
-    """The RoPE type and its parameters, checked and normalised (a dict by the unprefixed names).
-
-    Error messages name each argument as `prefix + name` (`rope_beta_fast` in
-    `AttentionOptions`, `beta_fast` in `RotaryEmbedding`); `rope_type` keeps
-    its name. `dynamic` and `longrope` (their frequencies depend on the
-    sequence length, or on per-frequency lists) are refused.
-    """
-    if rope_type in REFUSED_ROPE_TYPES:
-        raise ValueError(
-            f"`rope_type` {rope_type!r} is not supported (its frequencies depend on the sequence "
-            f"length or on per-frequency factors); supported: {', '.join(map(repr, ROPE_TYPES))}. "
-            f"Received: rope_type={rope_type!r}")
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(
-            f"`rope_type` must be one of {', '.join(map(repr, ROPE_TYPES))}. "
-            f"Received: rope_type={rope_type!r}")
-    values = {
-        "scaling_factor": check_positive_float(prefix + "scaling_factor", scaling_factor),
-        "low_freq_factor": check_positive_float(prefix + "low_freq_factor", low_freq_factor),
-        "high_freq_factor": check_positive_float(prefix + "high_freq_factor", high_freq_factor),
-        "original_max_position_embeddings": check_positive_float(
-            prefix + "original_max_position_embeddings", original_max_position_embeddings,
-            allow_none=True),
-        "beta_fast": check_positive_float(prefix + "beta_fast", beta_fast),
-        "beta_slow": check_positive_float(prefix + "beta_slow", beta_slow),
-        "attention_factor": check_positive_float(
-            prefix + "attention_factor", attention_factor, allow_none=True),
-        "mscale": _check_non_negative_float(prefix + "mscale", mscale),
-        "mscale_all_dim": _check_non_negative_float(prefix + "mscale_all_dim", mscale_all_dim),
-        "truncate": bool(truncate),
-    }
-    name = prefix + "original_max_position_embeddings"
-    if rope_type in ("llama3", "yarn") and values["original_max_position_embeddings"] is None:
-        raise ValueError(
-            f"`rope_type={rope_type!r}` needs `{name}` (the context length of pretraining). "
-            f"Received: {name}=None")
-    if rope_type == "llama3" and not values["high_freq_factor"] > values["low_freq_factor"]:
-        raise ValueError(
-            f"`rope_type='llama3'` needs `{prefix}high_freq_factor` > `{prefix}low_freq_factor`. "
-            f"Received: {prefix}low_freq_factor={low_freq_factor!r}, "
-            f"{prefix}high_freq_factor={high_freq_factor!r}")
-    if values["original_max_position_embeddings"] is not None and float(
-            original_max_position_embeddings).is_integer():
-        values["original_max_position_embeddings"] = int(original_max_position_embeddings)
-    return values
 
 
 def check_dropout(name, value):

@@ -14,8 +14,10 @@ where those have them); `H` is `num_heads`, `d` the head width.
 """
 
 import dataclasses
+import functools
 
-from keras_attn._validation import check_positive_float, check_positive_int, check_rope_scaling
+from keras_attn import rope as _rope
+from keras_attn._validation import check_positive_float, check_positive_int
 
 __all__ = ["AttentionOptions", "KernelSpec", "expose_options", "kernel_spec", "pop_options"]
 
@@ -26,11 +28,12 @@ QK_NORMS = (None, "rms", "layer")
 class AttentionOptions:
     """The options that change what attention computes, checked when made.
 
-    The RoPE parameters are flat fields named `rope_` + Hugging Face's
-    `rope_parameters` key (keras-hub's `RotaryEmbedding` argument where it has
-    one), like `rope_max_wavelength`: plain JSON values in the layers' configs,
-    one keyword each, and no nested object to serialise; `rope_type` keeps its
-    name, which both libraries use.
+    The RoPE parameters are the fields of a `keras_attn.rope.RopeSpec`, flat and
+    named `rope_` + its field (keras-hub's `RotaryEmbedding` argument where it has
+    one), like `rope_max_wavelength`: plain JSON values in the layers' configs
+    (their saved form), one keyword each; `rope_type` keeps its name, which both
+    libraries use. `options.rope` is that `RopeSpec` (None without RoPE), which
+    the layers apply.
 
     Args:
         num_key_value_heads: H_kv, the key/value heads (grouped-query
@@ -104,11 +107,6 @@ class AttentionOptions:
         checked = {
             "num_key_value_heads": check_positive_int(
                 "num_key_value_heads", self.num_key_value_heads, allow_none=True),
-            "rope_max_wavelength": check_positive_float(
-                "rope_max_wavelength", self.rope_max_wavelength, allow_none=True),
-            "rope_scaling_factor": check_positive_float(
-                "rope_scaling_factor", self.rope_scaling_factor),
-            "rope_interleaved": bool(self.rope_interleaved),
             "sliding_window": check_positive_int(
                 "sliding_window", self.sliding_window, allow_none=True),
             "logit_soft_cap": check_positive_float(
@@ -116,12 +114,11 @@ class AttentionOptions:
             "qk_norm_epsilon": check_positive_float("qk_norm_epsilon", self.qk_norm_epsilon),
             "scale": check_positive_float("scale", self.scale, allow_none=True),
         }
-        rope = check_rope_scaling(self.rope_type, self.rope_scaling_factor, prefix="rope_", **{
-            name: getattr(self, f"rope_{name}") for name in (
-                "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
-                "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
-                "truncate")})
-        checked.update({f"rope_{name}": value for name, value in rope.items()})
+        # The rope_* fields are a RopeSpec's, flat (their saved form), checked as one.
+        rope = _rope.check_rope({name: getattr(self, name if name == "rope_type" else f"rope_{name}")
+                                 for name in _rope.FIELDS}, prefix="rope_")
+        checked.update({name if name == "rope_type" else f"rope_{name}": value
+                        for name, value in rope.items()})
         if self.rope_type != "default" and self.rope_max_wavelength is None:
             raise ValueError(
                 "`rope_type` applies to rotary embeddings, which need `rope_max_wavelength`. "
@@ -131,6 +128,11 @@ class AttentionOptions:
                 f"`qk_norm` must be None, 'rms' or 'layer'. Received: qk_norm={self.qk_norm!r}")
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # normalised (NumPy ints -> int, ...)
+
+    @functools.cached_property
+    def rope(self):
+        """The `keras_attn.rope.RopeSpec` of the `rope_*` fields, or None without RoPE."""
+        return _rope.RopeSpec.from_options(self)
 
     def for_heads(self, num_heads, key_dim=None):
         """These options for H `num_heads` of width `key_dim`: H_kv resolved and checked.

@@ -21,8 +21,10 @@ transformers' formulas (`modeling_rope_utils.py`; `scaling_factor` is their
   frequencies), and cos and sin multiplied by `attention_factor` (default
   `0.1 ln(scaling_factor) + 1`, or the ratio of that with `mscale` and with
   `mscale_all_dim` when both are set, as DeepSeek's configs give).
-`"dynamic"` and `"longrope"` are refused. The frequencies depend only on
-constants: they are computed once in float64 NumPy and enter as a constant.
+`"dynamic"` and `"longrope"` are refused. The arguments make a
+`keras_attn.rope.RopeSpec`, whose registry `ROPE_TYPES` holds each type's
+frequency function. The frequencies depend only on constants: they are computed
+once in float64 NumPy and enter as a constant.
 
 Two pairings of the features, both in use:
 - half-split (default; Hugging Face Llama, keras-hub `RotaryEmbedding`):
@@ -34,8 +36,9 @@ Dimension letters: B batch, L sequence length, d the rotated axis
 (`feature_axis`, the last by default).
 """
 
-import math
+import dataclasses
 import numbers
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -43,88 +46,34 @@ from keras import ops
 
 from keras_attn._shapes import softmax_dtype, static_shape
 from keras_attn._typing import Tensor
-from keras_attn._validation import check_positive_float, check_rope_scaling
+from keras_attn.rope import FIELDS, RopeSpec
 
-__all__ = ["RotaryEmbedding", "rotary_embedding"]
-
-# The RoPE parameters beyond `max_wavelength` and `scaling_factor`, with their defaults
-# (Hugging Face's where it has one: beta_fast 32, beta_slow 1, truncate True; Llama 3.1's
-# low_freq_factor 1 and high_freq_factor 4).
-ROPE_DEFAULTS = {
-    "rope_type": "default",
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": None,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "attention_factor": None,
-    "mscale": None,
-    "mscale_all_dim": None,
-    "truncate": True,
-}
-
-
-def _yarn_mscale(factor, mscale=1.0):
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def rope_frequencies(dim, max_wavelength, scaling_factor=1.0, rope_type="default", *,
-                     low_freq_factor=1.0, high_freq_factor=4.0,
-                     original_max_position_embeddings=None, beta_fast=32.0, beta_slow=1.0,
-                     attention_factor=None, mscale=None, mscale_all_dim=None, truncate=True):
-    """`(theta, attention_factor)`: the d/2 inverse frequencies (float64 NumPy) and the
-    multiplier of cos and sin, for a checked `rope_type` and its parameters."""
-    base = float(max_wavelength)
-    inv = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)  # (d/2,)
-    if rope_type in ("default", "linear"):
-        return inv / scaling_factor, 1.0
-    old = float(original_max_position_embeddings)
-    if rope_type == "llama3":
-        low_wavelength, high_wavelength = old / low_freq_factor, old / high_freq_factor
-        wavelength = 2 * math.pi / inv
-        scaled = np.where(wavelength > low_wavelength, inv / scaling_factor, inv)
-        smooth = (old / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
-        smoothed = (1 - smooth) * scaled / scaling_factor + smooth * scaled
-        medium = (wavelength >= high_wavelength) & (wavelength <= low_wavelength)
-        return np.where(medium, smoothed, scaled), 1.0
-    # yarn
-    def correction_dim(rotations):  # the frequency index that turns `rotations` times
-        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001  # as Hugging Face: no zero division
-    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
-    theta = (inv / scaling_factor) * ramp + inv * (1 - ramp)
-    if attention_factor is None:
-        if mscale and mscale_all_dim:
-            attention_factor = (_yarn_mscale(scaling_factor, mscale)
-                                / _yarn_mscale(scaling_factor, mscale_all_dim))
-        else:
-            attention_factor = _yarn_mscale(scaling_factor)
-    return theta, float(attention_factor)
-
+__all__ = ["RotaryEmbedding", "apply_rope", "rotary_embedding"]
 
 def _is_number(value):
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _angles(positions, dim, max_wavelength, scaling_factor, dtype, rope):
+def _angles(positions, dim, rope, dtype):
     """`(..., L, d/2)` angles `p * theta_i` in `dtype` (float32 at least), and the
-    cos/sin multiplier."""
-    if rope["rope_type"] in ("default", "linear") and not (
-            _is_number(max_wavelength) and _is_number(scaling_factor)):
+    cos/sin multiplier, for a `RopeSpec` or a `_TensorRope`."""
+    if isinstance(rope, _TensorRope):
         # Tensor-valued base or factor (allowed before `rope_type`): computed in `dtype`.
         exponents = ops.arange(0, dim // 2, dtype=dtype) * (-2.0 / dim)
-        theta = ops.power(ops.cast(max_wavelength, dtype), exponents) / scaling_factor
+        theta = ops.power(ops.cast(rope.max_wavelength, dtype), exponents) / rope.scaling_factor
         factor = 1.0
     else:
-        theta, factor = rope_frequencies(dim, max_wavelength, scaling_factor, **rope)
+        theta, factor = rope.frequencies(dim)  # constants: float64 NumPy, once per trace
         theta = ops.convert_to_tensor(np.asarray(theta, dtype), dtype=dtype)  # (d/2,)
     return ops.expand_dims(ops.cast(positions, dtype), -1) * theta, factor  # (..., L, d/2)
+
+
+class _TensorRope(NamedTuple):
+    """Default RoPE with a tensor-valued base or factor (accepted before `RopeSpec`)."""
+
+    max_wavelength: Tensor
+    scaling_factor: Tensor
+    interleaved: bool
 
 
 def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: int | Tensor = 0,
@@ -187,6 +136,29 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
     >>> bool(np.allclose(y[0, 0], x[0, 0])), bool(np.allclose(np.linalg.norm(y, axis=-1), 2.0))
     (True, True)
     """
+    # Every RopeSpec field is an argument of the same name.
+    arguments = {"max_wavelength": max_wavelength, "scaling_factor": scaling_factor,
+                 "interleaved": interleaved, "rope_type": rope_type,
+                 "low_freq_factor": low_freq_factor, "high_freq_factor": high_freq_factor,
+                 "original_max_position_embeddings": original_max_position_embeddings,
+                 "beta_fast": beta_fast, "beta_slow": beta_slow,
+                 "attention_factor": attention_factor, "mscale": mscale,
+                 "mscale_all_dim": mscale_all_dim, "truncate": truncate}
+    if rope_type in ("default", "linear") and not (
+            _is_number(max_wavelength) and _is_number(scaling_factor)):
+        rope = _TensorRope(max_wavelength, scaling_factor, bool(interleaved))
+    else:
+        rope = RopeSpec(**arguments)
+    return apply_rope(x, rope, positions, start_index, sequence_axis=sequence_axis,
+                      feature_axis=feature_axis)
+
+
+def apply_rope(x, rope, positions=None, start_index=0, *, sequence_axis=1, feature_axis=-1):
+    """`rotary_embedding` of `x` with the RoPE of `rope` (a `keras_attn.rope.RopeSpec`).
+
+    What the layers call (`AttentionOptions.rope`, `RotaryEmbedding.rope`);
+    the axes and positions as in `rotary_embedding`.
+    """
     x = ops.convert_to_tensor(x)
     shape = static_shape(x)
     sequence_axis, feature_axis = _check_axes(sequence_axis, feature_axis, shape)
@@ -196,22 +168,18 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
             "Rotary embeddings rotate pairs of features: the feature axis "
             f"(feature_axis={feature_axis}) must be even. Received: x.shape={shape}"
         )
-    rope = _rope_arguments(
-        rope_type, scaling_factor, low_freq_factor, high_freq_factor,
-        original_max_position_embeddings, beta_fast, beta_slow, attention_factor, mscale,
-        mscale_all_dim, truncate)
     last = len(shape) - 1
     if feature_axis != last:  # rotate the features on the last axis, then put them back
-        rotated = rotary_embedding(
-            ops.moveaxis(x, feature_axis, -1), positions, start_index, max_wavelength,
-            scaling_factor, interleaved,
-            sequence_axis - 1 if sequence_axis > feature_axis else sequence_axis, **rope)
+        rotated = apply_rope(
+            ops.moveaxis(x, feature_axis, -1), rope, positions, start_index,
+            sequence_axis=sequence_axis - 1 if sequence_axis > feature_axis else sequence_axis)
         return ops.moveaxis(rotated, -1, feature_axis)
+    interleaved = rope.interleaved
     compute = softmax_dtype(x.dtype)  # float32 at least
     if positions is None:
         length = ops.shape(x)[sequence_axis]
         positions = ops.arange(length, dtype="int32") + start_index  # (L,)
-    angles, factor = _angles(positions, dim, max_wavelength, scaling_factor, compute, rope)
+    angles, factor = _angles(positions, dim, rope, compute)
     # Put L on the sequence axis and 1s on the axes between it and d, and (B, L)
     # positions' B on axis 0 (keras-hub's meaning) with 1s between it and L.
     if len(angles.shape) == 3:
@@ -252,16 +220,6 @@ def _check_int(name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"`{name}` must be an int (an axis). Received: {name}={value!r}")
     return int(value)
-
-
-def _rope_arguments(rope_type, scaling_factor, *parameters, prefix=""):
-    """The RoPE type's parameters (checked unless the type is default/linear)."""
-    if rope_type in ("default", "linear"):  # scaling_factor may be a tensor, as before
-        return {"rope_type": rope_type}
-    names = [name for name in ROPE_DEFAULTS if name != "rope_type"]
-    checked = check_rope_scaling(rope_type, scaling_factor, prefix=prefix,
-                                 **dict(zip(names, parameters, strict=True)))
-    return {"rope_type": rope_type, **{name: checked[name] for name in names}}
 
 
 def _rotate(x, interleaved):
@@ -354,45 +312,41 @@ class RotaryEmbedding(keras.layers.Layer):
                  mscale_all_dim: float | None = None, truncate: bool = True,
                  feature_axis: int = -1, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.max_wavelength = check_positive_float("max_wavelength", max_wavelength)
-        self.interleaved = bool(interleaved)
         self.sequence_axis = _check_int("sequence_axis", sequence_axis)
         self.feature_axis = _check_int("feature_axis", feature_axis)
         if self.feature_axis == self.sequence_axis:
             raise ValueError(
                 "`feature_axis` and `sequence_axis` must be different axes. Received: "
                 f"feature_axis={feature_axis}, sequence_axis={sequence_axis}")
-        checked = check_rope_scaling(
-            rope_type, scaling_factor, low_freq_factor=low_freq_factor,
+        self.rope = RopeSpec.named(  # the RoPE this layer applies; its fields are attributes
+            "", max_wavelength=max_wavelength, scaling_factor=scaling_factor,
+            interleaved=interleaved, rope_type=rope_type, low_freq_factor=low_freq_factor,
             high_freq_factor=high_freq_factor,
             original_max_position_embeddings=original_max_position_embeddings,
             beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=attention_factor,
             mscale=mscale, mscale_all_dim=mscale_all_dim, truncate=truncate)
-        self.rope_type = rope_type
-        for name, value in checked.items():
-            setattr(self, name, value)
         self.supports_masking = True
         self.built = True
 
-    def _rope(self):
-        return {name: getattr(self, name) for name in ROPE_DEFAULTS}
-
     def call(self, inputs, start_index=0, positions=None):
-        return rotary_embedding(inputs, positions, start_index, self.max_wavelength,
-                                self.scaling_factor, self.interleaved, self.sequence_axis,
-                                feature_axis=self.feature_axis, **self._rope())
+        return apply_rope(inputs, self.rope, positions, start_index,
+                          sequence_axis=self.sequence_axis, feature_axis=self.feature_axis)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
     def get_config(self):
         config = super().get_config()
-        config.update({
-            "max_wavelength": self.max_wavelength,
-            "scaling_factor": self.scaling_factor,
-            "interleaved": self.interleaved,
-            "sequence_axis": self.sequence_axis,
-            "feature_axis": self.feature_axis,
-            **self._rope(),
-        })
+        config.update({"sequence_axis": self.sequence_axis, "feature_axis": self.feature_axis,
+                       **dataclasses.asdict(self.rope)})
         return config
+
+
+def _rope_field(name):
+    return property(lambda self: getattr(self.rope, name),
+                    doc=f"`self.rope.{name}` (`keras_attn.rope.RopeSpec`).")
+
+
+for _name in FIELDS:  # `layer.max_wavelength` & co., read-only: the spec is the one copy
+    setattr(RotaryEmbedding, _name, _rope_field(_name))
+del _name

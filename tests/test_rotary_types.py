@@ -16,7 +16,7 @@ import pytest
 
 import keras_attn
 from keras_attn.options import AttentionOptions
-from keras_attn.rotary import rope_frequencies
+from keras_attn.rope import RopeSpec
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from . import reference
@@ -59,7 +59,7 @@ def _hf_config(params):
 @pytest.mark.parametrize("name", sorted(TYPES))
 def test_frequencies_match_reference(name):
     params = TYPES[name]
-    theta, factor = rope_frequencies(D, BASE, FACTOR, **params)
+    theta, factor = RopeSpec(max_wavelength=BASE, scaling_factor=FACTOR, **params).frequencies(D)
     expected, expected_factor = reference.rope_inverse_frequencies(D, BASE, FACTOR, **params)
     np.testing.assert_allclose(theta, expected, rtol=1e-12, atol=0)
     assert factor == pytest.approx(expected_factor, rel=1e-12)
@@ -72,7 +72,7 @@ def test_frequencies_match_transformers(name):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](config)
-    theta, factor = rope_frequencies(D, BASE, FACTOR, **params)
+    theta, factor = RopeSpec(max_wavelength=BASE, scaling_factor=FACTOR, **params).frequencies(D)
     # Hugging Face computes in float32: 1e-6 relative is a few float32 roundings.
     np.testing.assert_allclose(theta, inv_freq.numpy(), rtol=1e-6, atol=0)
     assert factor == pytest.approx(attention_scaling, rel=1e-6)
@@ -84,7 +84,7 @@ def test_types_differ_far_beyond_tolerance():
     plain = BASE ** (-np.arange(0, D, 2) / D)
     ratios = {}
     for name, params in TYPES.items():
-        theta, factor = rope_frequencies(D, BASE, FACTOR, **params)
+        theta, factor = RopeSpec(max_wavelength=BASE, scaling_factor=FACTOR, **params).frequencies(D)
         ratios[name] = (np.round(theta / plain, 6), factor)
     for name in ("llama3", "yarn", "yarn_untruncated"):
         ratio = ratios[name][0]

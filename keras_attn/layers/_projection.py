@@ -12,7 +12,7 @@ from keras import ops
 
 from keras_attn.cache import positions
 from keras_attn.layers._common import clone_initializer
-from keras_attn.rotary import rotary_embedding
+from keras_attn.rotary import apply_rope
 
 __all__ = ["dense", "dense_config", "einsum_sums_in_float32", "gate", "project_heads",
            "project_output", "qk_norm_layer", "rope", "rope_heads", "set_dense_arguments"]
@@ -38,16 +38,8 @@ def dense_config(layer):
 
 
 def rope(x, positions, options):
-    """`keras_attn.rotary_embedding` of `(B, L, heads, d)` heads with the options' RoPE."""
-    return rotary_embedding(
-        x, positions, max_wavelength=options.rope_max_wavelength,
-        scaling_factor=options.rope_scaling_factor, interleaved=options.rope_interleaved,
-        rope_type=options.rope_type, low_freq_factor=options.rope_low_freq_factor,
-        high_freq_factor=options.rope_high_freq_factor,
-        original_max_position_embeddings=options.rope_original_max_position_embeddings,
-        beta_fast=options.rope_beta_fast, beta_slow=options.rope_beta_slow,
-        attention_factor=options.rope_attention_factor, mscale=options.rope_mscale,
-        mscale_all_dim=options.rope_mscale_all_dim, truncate=options.rope_truncate)
+    """`(B, L, heads, d)` heads rotated by the options' RoPE (`options.rope`, a `RopeSpec`)."""
+    return apply_rope(x, options.rope, positions)
 
 
 def dense(layer, units, name, use_bias=None, activation=None):

@@ -1,0 +1,325 @@
+"""`RopeSpec`: what rotary position embeddings compute, one frozen object, and the registry
+from `rope_type` to its frequency function.
+
+transformers keeps one `rope_parameters` dict per model and a registry
+(`ROPE_INIT_FUNCTIONS`) from its `rope_type` to the function that computes the
+inverse frequencies and the attention factor; keras_attn does the same with one
+frozen, checked object. It is made by `RotaryEmbedding` and `rotary_embedding`
+from their arguments, by `AttentionOptions` from its flat `rope_*` fields (their
+saved form: `AttentionOptions.rope`), and by the converters from a Hugging Face
+config (`RopeSpec.from_rope_parameters`). A new RoPE type is one entry of
+`ROPE_TYPES` (its frequency function and the parameters it reads); a new parameter
+is a field here, with `RotaryEmbedding`'s argument and `AttentionOptions`'
+`rope_<name>` field of the same name.
+
+The field names are `RotaryEmbedding`'s arguments (keras-hub's names where it
+has them: `max_wavelength` is transformers' `rope_theta`, `scaling_factor` its
+`factor`; the others are transformers' own). d is the rotated head width.
+"""
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from keras_attn._validation import check_positive_float
+
+__all__ = ["ROPE_TYPES", "RopeSpec", "RopeType"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeType:
+    """One `rope_type`: its frequency function and the `RopeSpec` fields it reads.
+
+    Args:
+        frequencies: `(spec, d) -> (theta, attention_factor)`: the d/2 inverse
+            frequencies (float64 NumPy) and the multiplier of cos and sin.
+        parameters: the Hugging Face `rope_parameters` keys it reads besides
+            `rope_type` and `rope_theta`, as `{hf_key: RopeSpec field}`.
+        required: the keys of `parameters` that must be given.
+    """
+
+    frequencies: Callable
+    parameters: Mapping = dataclasses.field(default_factory=dict)
+    required: tuple = ()
+
+
+def _base_frequencies(spec, dim):
+    return 1.0 / float(spec.max_wavelength) ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+
+def _linear(spec, dim):
+    return _base_frequencies(spec, dim) / spec.scaling_factor, 1.0
+
+
+def _llama3(spec, dim):
+    inv = _base_frequencies(spec, dim)  # (d/2,)
+    old = float(spec.original_max_position_embeddings)
+    low, high = spec.low_freq_factor, spec.high_freq_factor
+    low_wavelength, high_wavelength = old / low, old / high
+    wavelength = 2 * math.pi / inv
+    scaled = np.where(wavelength > low_wavelength, inv / spec.scaling_factor, inv)
+    smooth = (old / wavelength - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / spec.scaling_factor + smooth * scaled
+    medium = (wavelength >= high_wavelength) & (wavelength <= low_wavelength)
+    return np.where(medium, smoothed, scaled), 1.0
+
+
+def _yarn_mscale(factor, mscale=1.0):
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn(spec, dim):
+    inv = _base_frequencies(spec, dim)  # (d/2,)
+    base, old, factor = float(spec.max_wavelength), float(
+        spec.original_max_position_embeddings), spec.scaling_factor
+
+    def correction_dim(rotations):  # the frequency index that turns `rotations` times
+        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(spec.beta_fast), correction_dim(spec.beta_slow)
+    if spec.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as Hugging Face: no zero division
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    theta = (inv / factor) * ramp + inv * (1 - ramp)
+    attention_factor = spec.attention_factor
+    if attention_factor is None:
+        if spec.mscale and spec.mscale_all_dim:
+            attention_factor = (_yarn_mscale(factor, spec.mscale)
+                                / _yarn_mscale(factor, spec.mscale_all_dim))
+        else:
+            attention_factor = _yarn_mscale(factor)
+    return theta, float(attention_factor)
+
+
+_CONTEXT = {"original_max_position_embeddings": "original_max_position_embeddings"}
+# rope_type -> RopeType, with Hugging Face's formulas (`modeling_rope_utils.py`). "default"
+# divides by `scaling_factor` too: keras_attn's (and keras-hub's) meaning of a
+# scaling factor before `rope_type` existed.
+ROPE_TYPES = {
+    "default": RopeType(_linear),
+    "linear": RopeType(_linear, {"factor": "scaling_factor"}),
+    "llama3": RopeType(_llama3, {"factor": "scaling_factor", "low_freq_factor": "low_freq_factor",
+                                 "high_freq_factor": "high_freq_factor", **_CONTEXT},
+                       required=("factor", "original_max_position_embeddings")),
+    "yarn": RopeType(_yarn, {"factor": "scaling_factor", "beta_fast": "beta_fast",
+                             "beta_slow": "beta_slow", "attention_factor": "attention_factor",
+                             "mscale": "mscale", "mscale_all_dim": "mscale_all_dim",
+                             "truncate": "truncate", **_CONTEXT}),
+}
+# Their frequencies depend on the sequence length (dynamic) or on per-frequency lists.
+REFUSED_ROPE_TYPES = ("dynamic", "longrope")
+
+
+def _non_negative(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+            value >= 0 and np.isfinite(value)):
+        raise ValueError(
+            f"`{name}` must be None or a non-negative, finite number. Received: {name}={value!r}")
+    return float(value)
+
+
+def check_rope(values, prefix=""):
+    """The fields of a `RopeSpec` (a dict by field name), checked and normalised.
+
+    Errors name each as `prefix + name` (`rope_beta_fast` for `AttentionOptions`,
+    `beta_fast` for `RotaryEmbedding`); `rope_type` keeps its name.
+    `max_wavelength` None is allowed (`AttentionOptions` without RoPE).
+    """
+    rope_type = values["rope_type"]
+    if rope_type in REFUSED_ROPE_TYPES:
+        raise ValueError(
+            f"`rope_type` {rope_type!r} is not supported (its frequencies depend on the sequence "
+            f"length or on per-frequency factors); supported: {', '.join(map(repr, ROPE_TYPES))}. "
+            f"Received: rope_type={rope_type!r}")
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"`rope_type` must be one of {', '.join(map(repr, ROPE_TYPES))}. "
+            f"Received: rope_type={rope_type!r}")
+    positive = ("max_wavelength", "scaling_factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor")
+    optional = ("max_wavelength", "original_max_position_embeddings", "attention_factor")
+    checked = {"rope_type": rope_type, "interleaved": bool(values["interleaved"]),
+               "truncate": bool(values["truncate"])}
+    for name in positive:
+        checked[name] = check_positive_float(prefix + name, values[name],
+                                             allow_none=name in optional)
+    for name in ("mscale", "mscale_all_dim"):
+        checked[name] = _non_negative(prefix + name, values[name])
+    name = prefix + "original_max_position_embeddings"
+    if rope_type in ("llama3", "yarn") and checked["original_max_position_embeddings"] is None:
+        raise ValueError(
+            f"`rope_type={rope_type!r}` needs `{name}` (the context length of pretraining). "
+            f"Received: {name}=None")
+    if rope_type == "llama3" and not checked["high_freq_factor"] > checked["low_freq_factor"]:
+        raise ValueError(
+            f"`rope_type='llama3'` needs `{prefix}high_freq_factor` > `{prefix}low_freq_factor`. "
+            f"Received: {prefix}low_freq_factor={values['low_freq_factor']!r}, "
+            f"{prefix}high_freq_factor={values['high_freq_factor']!r}")
+    context = checked["original_max_position_embeddings"]
+    if context is not None and context.is_integer():
+        checked["original_max_position_embeddings"] = int(context)
+    return checked
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeSpec:
+    """The parameters of rotary position embeddings, checked when made.
+
+    `RotaryEmbedding(**dataclasses.asdict(spec))` is the layer of a spec, and
+    `AttentionOptions.rope` the spec of a layer's options.
+
+    Args:
+        max_wavelength: the base of the frequencies (transformers' `rope_theta`).
+        scaling_factor: linear position scaling (`theta_i / scaling_factor`);
+            for llama3 and yarn, transformers' `factor`.
+        interleaved: pair features (2i, 2i + 1) (the paper, GPT-J) instead of
+            (i, i + d/2) (Llama, the default).
+        rope_type: a key of `ROPE_TYPES`: `"default"`, `"linear"`, `"llama3"`
+            or `"yarn"` (`"dynamic"` and `"longrope"` are refused).
+        low_freq_factor, high_freq_factor: llama3's (Llama 3.1: 1 and 4).
+        original_max_position_embeddings: llama3 and yarn (required there):
+            the context length of pretraining.
+        beta_fast, beta_slow: yarn's ramp bounds (32 and 1).
+        attention_factor: yarn's multiplier of cos and sin, or None for
+            `0.1 ln(scaling_factor) + 1` (with `mscale` / `mscale_all_dim`).
+        mscale, mscale_all_dim: yarn's (DeepSeek): both set, the attention
+            factor is the ratio of `0.1 m ln s + 1` for the two.
+        truncate: yarn's: round the ramp's bounds to whole frequencies.
+
+    Example:
+
+    >>> spec = RopeSpec(max_wavelength=500000.0, scaling_factor=8.0, rope_type="llama3",
+    ...                 original_max_position_embeddings=8192)
+    >>> theta, factor = spec.frequencies(64)
+    >>> theta.shape, factor
+    ((32,), 1.0)
+    >>> RopeSpec(rope_type="llama3")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    ValueError: `rope_type='llama3'` needs `original_max_position_embeddings` ...
+    """
+
+    max_wavelength: float = 10000.0
+    scaling_factor: float = 1.0
+    interleaved: bool = False
+    rope_type: str = "default"
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self):
+        self._set(check_rope(dataclasses.asdict(self)))
+        if self.max_wavelength is None:
+            raise ValueError("`max_wavelength` must be a positive, finite number. "
+                             "Received: max_wavelength=None")
+
+    def _set(self, checked):
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)  # normalised (NumPy ints -> int, ...)
+
+    @classmethod
+    def named(cls, prefix, **values):
+        """A spec from `values` whose errors name each field `prefix + name`."""
+        defaults = {field.name: field.default for field in dataclasses.fields(cls)}
+        return cls(**check_rope({**defaults, **values}, prefix))
+
+    def frequencies(self, dim):
+        """`(theta, attention_factor)`: the d/2 inverse frequencies (float64 NumPy) and the
+        multiplier of cos and sin, for a head width `dim`."""
+        return ROPE_TYPES[self.rope_type].frequencies(self, dim)
+
+    def options(self):
+        """The spec as `AttentionOptions` fields (`rope_` + each name; `rope_type` as is)."""
+        return {name if name == "rope_type" else f"rope_{name}": value
+                for name, value in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_options(cls, options):
+        """The spec of an `AttentionOptions`' `rope_*` fields, or None without RoPE."""
+        if options.rope_max_wavelength is None:
+            return None
+        return cls(**{name: getattr(options, name if name == "rope_type" else f"rope_{name}")
+                      for name in FIELDS})
+
+    @classmethod
+    def from_rope_parameters(cls, params, *, max_position_embeddings=None,
+                             where="rope_parameters"):
+        """The spec of one transformers `rope_parameters` dict (or an older `rope_scaling`
+        with `rope_theta` added), with transformers' defaults and truthiness.
+
+        Every key must be one its `rope_type` reads: any other, and a required one
+        missing, is refused with a `ValueError` naming `where[key]`.
+        `max_position_embeddings` is the config's (yarn's defaults use it).
+        """
+        def refuse(key, value, why):  # the converters' wording (`_transformers_config`)
+            field = where if key is None else f"{where}[{key!r}]"
+            raise ValueError(f"config field `{field}` is not supported ({why}). Received: "
+                             f"{field}={value!r}")
+
+        if not isinstance(params, Mapping):
+            refuse(None, params, "a dict of RoPE parameters is expected")
+        params = dict(params)
+        rope_type = params.pop("rope_type", params.pop("type", "default"))
+        params.pop("type", None)
+        if rope_type not in ROPE_TYPES:
+            refuse("rope_type", rope_type,
+                   f"keras_attn reproduces the RoPE types {', '.join(map(repr, ROPE_TYPES))}")
+        theta = params.pop("rope_theta", None)
+        if theta is None:
+            refuse("rope_theta", None, "the RoPE base is required")
+        if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not (
+                theta > 0 and math.isfinite(theta)):
+            refuse("rope_theta", theta, "the RoPE base must be a positive, finite number")
+        partial = params.pop("partial_rotary_factor", None)
+        if partial not in (None, 1, 1.0):
+            refuse("partial_rotary_factor", partial, "RoPE over the whole head only")
+        kind = ROPE_TYPES[rope_type]
+        for key in params:
+            if key not in kind.parameters:
+                refuse(key, params[key],
+                       f"not a parameter keras_attn reads for rope_type {rope_type!r}")
+        if rope_type == "yarn":
+            # transformers' defaults and truthiness (`beta_fast or 32`, `if mscale and
+            # mscale_all_dim`); the attention factor is resolved here, as there.
+            original = params.get("original_max_position_embeddings") or max_position_embeddings
+            factor = params.get("factor")
+            if factor is None and original:
+                factor = max_position_embeddings / original
+            params["factor"], params["original_max_position_embeddings"] = factor, original
+            params["beta_fast"] = params.get("beta_fast") or 32.0
+            params["beta_slow"] = params.get("beta_slow") or 1.0
+            mscale, mscale_all_dim = params.pop("mscale", None), params.pop("mscale_all_dim", None)
+            if params.get("attention_factor") is None and factor is not None:
+                params["attention_factor"] = (
+                    _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+                    if mscale and mscale_all_dim else _yarn_mscale(factor))
+        for key in kind.required:
+            if params.get(key) is None:
+                refuse(key, params.get(key), f"rope_type {rope_type!r} needs it")
+        for key, value in params.items():
+            if value is None:
+                refuse(key, value, f"rope_type {rope_type!r} needs it")
+        try:
+            return cls(max_wavelength=theta, rope_type=rope_type,
+                       **{kind.parameters[key]: value for key, value in params.items()})
+        except ValueError as error:  # a value out of range: named by keras_attn's field
+            raise ValueError(
+                f"config field `{where}` is not supported: {error} (keras_attn's "
+                "`scaling_factor` is its 'factor', the others have their names)") from None
+
+
+FIELDS = tuple(field.name for field in dataclasses.fields(RopeSpec))
