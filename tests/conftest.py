@@ -12,7 +12,7 @@ from keras_attn import _device  # noqa: E402
 BACKEND = keras.backend.backend()
 TRAINABLE = BACKEND in ("tensorflow", "jax", "torch")
 
-# Hypothesis profiles (tests/test_properties.py): `ci` is the default, reproducible and
+# Hypothesis profiles (tests/kernels/test_properties.py): `ci` is the default, reproducible and
 # sized for <= 2 minutes per backend on 2 CPU cores; `pytest --hypothesis-profile=thorough`
 # explores thousands of fresh examples. No deadline: JAX compiles per shape. (tox's
 # parity and GPU environments do not install hypothesis and run no property test.)
@@ -72,7 +72,7 @@ def _fresh_state():
     """Each test starts from float32 and a clean Keras name scope.
 
     `free_memory=False`: the default runs a full `gc.collect()` per test, which cost
-    tests/test_policy.py 67.0 s against 1.58 s without it (541 tests, 2 cores); memory is
+    tests/kernels/test_policy.py 67.0 s against 1.58 s without it (541 tests, 2 cores); memory is
     collected once per module instead (`_collect_per_module`).
     """
     keras.config.set_dtype_policy("float32")

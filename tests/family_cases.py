@@ -1,6 +1,6 @@
 """The transformers model families compared with `keras_attn.convert.causal_lm_from_transformers`.
 
-Shared by tests/test_families.py (torch env, live against transformers),
+Shared by tests/convert/test_families.py (torch env, live against transformers),
 tools/make_family_fixtures.py (writes tests/assets/families/) and
 tools/family_report.py. Needs torch and transformers only in `build_hf` and
 `hf_reference`; `CASES`, `relative_error` and the ablations' configs are plain data.

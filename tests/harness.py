@@ -1,6 +1,6 @@
 """The layer-test harness: one table of layer cases, and the checks each case gets.
 
-`tests/test_layer_harness.py` runs every case of `CASES` through the same checks:
+`tests/layers/test_layer_harness.py` runs every case of `CASES` through the same checks:
 
 - Keras's own `run_layer_test` (weight counts, config and JSON round trips, symbolic
   against eager calls, a training step, the mixed-precision policies), for the cases
@@ -134,7 +134,7 @@ CASES = {
         lambda params, arrays: reference.feed_forward(params, arrays["inputs"], "silu"),
         keras_shapes={"input_shape": (B, T, D)}, expected_shape=(B, T, D), trainable_weights=6,
         attends=False),
-    # RoPE has its own references (tests/test_rotary_types.py); here Keras's checks only.
+    # RoPE has its own references (tests/layers/test_rotary_types.py); here Keras's checks only.
     "rotary": LayerCase(
         keras_attn.RotaryEmbedding, dict(max_wavelength=100.0, interleaved=True),
         lambda seed: {"inputs": randn(rng(seed), B, T, 3, 4)}, None,

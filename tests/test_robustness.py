@@ -247,7 +247,7 @@ def test_built_layer_called_on_another_width():
 
 
 # ----------------------------------------------------------------------------
-# Regressions found by the property tests (tests/test_properties.py).
+# Regressions found by the property tests (tests/kernels/test_properties.py).
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -17,15 +17,28 @@ import pathlib
 import xml.etree.ElementTree as ET
 
 
+def test_file(classname):
+    """The test file of a JUnit `classname`, relative to tests/ and without `.py`.
+
+    `tests.kernels.test_masks.TestX` -> `kernels/test_masks`, `tests.test_cli` -> `test_cli`
+    (the tests follow the modules they test: tests/kernels, layers, models, convert).
+    """
+    parts = classname.split(".")
+    if parts[0] == "tests":
+        parts = parts[1:]
+    for i, part in enumerate(parts):
+        if part.startswith("test_"):
+            return "/".join(parts[:i + 1])
+    return parts[0] if parts else classname
+
+
 def summarize(path):
     """`(counts, seconds by file)` of one JUnit file."""
     root = ET.parse(path).getroot()
     counts = collections.Counter()
     per_file = collections.Counter()
     for case in root.iter("testcase"):
-        name = case.get("classname", "")
-        module = name.split(".")[1] if name.startswith("tests.") else name.split(".")[0]
-        per_file[module] += float(case.get("time", 0.0))
+        per_file[test_file(case.get("classname", ""))] += float(case.get("time", 0.0))
         counts["tests"] += 1
         if case.find("skipped") is not None:
             counts["skipped"] += 1

@@ -9,7 +9,7 @@ tolerance 1e-4), whether `lm.generate` gives transformers' 16 greedy tokens, the
 greedy margin of transformers (top-1 minus top-2 logit), and the relative error of the
 family's ablation (tests/family_cases.py: a wrong window, RoPE, norm offset or qk-norm),
 which must be far beyond the tolerance. Live (torch with transformers) uses the shapes of
-tests/test_families.py (V=128, D=64); the fixtures are the small ones (V=32, D=16).
+tests/convert/test_families.py (V=128, D=64); the fixtures are the small ones (V=32, D=16).
 """
 
 import os
@@ -33,7 +33,7 @@ def _live(name):
 
 
 def _stored(name):
-    from tests.test_family_fixtures import load
+    from tests.convert.test_family_fixtures import load
 
     lm, stored = load(name)
     return (lm, stored["token_ids"], stored["logits"], stored["tokens"],

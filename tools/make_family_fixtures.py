@@ -12,7 +12,7 @@ well under 100 KB), with the same random weights far from identity: the model co
 `keras_attn.convert.causal_lm_from_transformers`, saved as `.keras`, and a `.npz` of arrays
 only (no pickle) with the token ids, transformers' logits over them, the 16 tokens of
 transformers' greedy `generate` after the first P ids, and the smallest greedy margin.
-tests/test_family_fixtures.py checks them under every backend, without transformers.
+tests/convert/test_family_fixtures.py checks them under every backend, without transformers.
 """
 
 import os

@@ -1,7 +1,7 @@
 """Blocks with a given `attention=` or `feed_forward=`: a layer, a factory, a serialized layer.
 
 The default sublayers' weights, names and numbers are checked elsewhere
-(tests/test_layers.py); here a block built from a factory of the default is
+(tests/layers/test_layers.py); here a block built from a factory of the default is
 the default exactly, a custom attention and feed-forward match a float64
 reference of the block around them, the given layers survive a `.keras`
 file, and the arguments they would make meaningless are refused.

@@ -104,7 +104,7 @@ def test_a_read_only_cache_comes_back_with_the_same_tensors():
 
 
 @pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="a compiled step: jax.jit or "
-                    "tf.function (torch's traced step: tests/test_traced_step.py)")
+                    "tf.function (torch's traced step: tests/models/test_traced_step.py)")
 def test_a_kv_cache_crosses_a_compiled_step():
     layer = _mha(seed=10, **OPTIONS)
     x = randn(rng(11), B, T, D)

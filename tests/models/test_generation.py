@@ -13,7 +13,7 @@ from keras_attn import _device, generation
 from keras_attn.generation import generate
 from keras_attn.testing.weights import randomize_weights
 
-from .helpers import to_numpy
+from ..helpers import to_numpy
 
 B, P, L, V, D = 2, 3, 7, 11, 8
 

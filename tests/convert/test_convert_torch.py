@@ -13,7 +13,7 @@ import pytest
 import keras_attn
 from keras_attn import convert
 
-from .helpers import assert_close, randn, rng, to_numpy
+from ..helpers import assert_close, randn, rng, to_numpy
 
 torch = pytest.importorskip("torch")
 

@@ -9,8 +9,8 @@ import pytest
 import keras_attn
 from keras_attn import _device
 
-from . import reference
-from .helpers import assert_close, randn, rng, to_numpy
+from .. import reference
+from ..helpers import assert_close, randn, rng, to_numpy
 
 sdpa = keras_attn.scaled_dot_product_attention
 

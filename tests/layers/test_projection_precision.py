@@ -14,7 +14,7 @@ import pytest
 import keras_attn
 from keras_attn.layers._projection import project_heads, project_output
 
-from .helpers import to_numpy
+from ..helpers import to_numpy
 
 WIDTH, HEADS, HEAD_DIM = 256, 4, 8  # a long sum: float16 partial sums drift by several ulps
 

@@ -19,8 +19,8 @@ from keras_attn.options import AttentionOptions
 from keras_attn.rope import RopeSpec
 from keras_attn.testing.weights import randomize_weights, reference_params
 
-from . import reference
-from .helpers import UNCACHED, assert_close, randn, rng, to_numpy
+from .. import reference
+from ..helpers import UNCACHED, assert_close, randn, rng, to_numpy
 
 D, BASE, FACTOR, CONTEXT = 32, 500.0, 6.0, 256
 

@@ -12,7 +12,7 @@ import pytest
 
 from keras_attn import convert
 
-from .helpers import randn, rng, to_numpy
+from ..helpers import randn, rng, to_numpy
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -9,9 +9,9 @@ from keras_attn import _device, config
 from keras_attn._policy import select_implementation
 from keras_attn.testing.weights import randomize_weights, reference_params
 
-from . import reference
-from .fixtures import attention_settings_fixture
-from .helpers import assert_close, randn, rng, to_numpy
+from .. import reference
+from ..fixtures import attention_settings_fixture
+from ..helpers import assert_close, randn, rng, to_numpy
 
 sdpa = keras_attn.scaled_dot_product_attention
 PATHS = ["explicit", "fused", "blockwise"]

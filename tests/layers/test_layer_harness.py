@@ -17,8 +17,8 @@ import keras_attn
 from keras_attn._policy import observe_paths
 from keras_attn.testing.weights import reference_params
 
-from .harness import CASES, functional_model
-from .helpers import UNCACHED, assert_close, to_numpy
+from ..harness import CASES, functional_model
+from ..helpers import UNCACHED, assert_close, to_numpy
 
 BACKEND = keras.backend.backend()
 TRAINS = BACKEND != "numpy"

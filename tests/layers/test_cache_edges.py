@@ -6,7 +6,7 @@ range; masks over the cache slots; the decoder's cache arguments as a set;
 cross caches longer than their memory; `generate` with a cache shorter than
 the generation; the decoder in a Functional model. Each case either equals
 the uncached forward or raises a `ValueError` that names the argument.
-Shapes are those of tests/test_cache.py (JAX compiles per shape).
+Shapes are those of tests/layers/test_cache.py (JAX compiles per shape).
 """
 
 import keras
@@ -19,7 +19,7 @@ import keras_attn
 from keras_attn.generation import generate
 from keras_attn.testing.weights import randomize_weights
 
-from .helpers import UNCACHED, assert_close, randn, rng, to_numpy
+from ..helpers import UNCACHED, assert_close, randn, rng, to_numpy
 
 BACKEND = keras.backend.backend()
 ops = keras.ops

@@ -6,8 +6,8 @@ import pytest
 import keras_attn
 from keras_attn.testing.weights import randomize_weights, reference_params
 
-from . import reference
-from .helpers import assert_close, randn, rng
+from .. import reference
+from ..helpers import assert_close, randn, rng
 
 B, T, S = 2, 5, 7
 

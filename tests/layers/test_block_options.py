@@ -10,7 +10,7 @@ import pytest
 import keras_attn
 from keras_attn.testing.weights import randomize_weights
 
-from .helpers import UNCACHED, assert_close, randn, rng, to_numpy
+from ..helpers import UNCACHED, assert_close, randn, rng, to_numpy
 
 B, T, D, H = 2, 6, 8, 2
 

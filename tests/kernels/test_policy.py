@@ -18,7 +18,7 @@ import pytest
 from keras_attn import _observe, _policy, config
 from keras_attn._policy import POLICY, BlockRule, Row, observe_paths, record_path
 
-from .fixtures import attention_settings_fixture
+from ..fixtures import attention_settings_fixture
 
 BACKENDS = ("jax", "tensorflow", "torch", "numpy")
 DEVICES = ("cpu", "gpu", "tpu", "cuda", "mps")

@@ -17,7 +17,7 @@ from keras_attn._policy import observe_paths
 from keras_attn.testing import reference
 from keras_attn.testing.weights import randomize_weights, reference_params
 
-from .helpers import UNCACHED, assert_close, randn, rng, to_numpy
+from ..helpers import UNCACHED, assert_close, randn, rng, to_numpy
 
 B, T, D, H, H_KV, d = 2, 7, 16, 4, 2, 8
 

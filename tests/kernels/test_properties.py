@@ -23,10 +23,10 @@ from keras_attn import _device
 from keras_attn.testing.tolerances import tolerance
 from keras_attn.testing.weights import randomize_weights
 
-from . import reference
-from .fixtures import attention_settings_fixture
-from .helpers import UNCACHED, assert_close, to_numpy
-from .strategies import (
+from .. import reference
+from ..fixtures import attention_settings_fixture
+from ..helpers import UNCACHED, assert_close, to_numpy
+from ..strategies import (
     MAX_LEN,
     PATHS,
     build,

@@ -10,7 +10,7 @@ import keras_attn
 from keras_attn import convert
 from keras_attn.testing.weights import randomize_weights
 
-from .helpers import assert_close, randn, requires_keras_argument, rng, to_numpy
+from ..helpers import assert_close, randn, requires_keras_argument, rng, to_numpy
 
 B, T, S = 2, 5, 7
 D_Q, D_K, D_V = 6, 9, 5

@@ -14,9 +14,9 @@ from keras_attn._kernels.blockwise import _Blocks
 from keras_attn._policy import observe_paths
 from keras_attn.options import KernelSpec
 
-from . import reference
-from .fixtures import attention_settings_fixture
-from .helpers import assert_close, randn, rng
+from .. import reference
+from ..fixtures import attention_settings_fixture
+from ..helpers import assert_close, randn, rng
 
 sdpa = keras_attn.scaled_dot_product_attention
 PATHS = ["explicit", "fused", "blockwise"]

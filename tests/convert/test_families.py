@@ -1,8 +1,8 @@
 """`keras_attn.convert.causal_lm_from_transformers` against transformers' own models, per family.
 
 Needs torch and `transformers`: the torch tox environment installs both (`transformers` is a
-test-only dependency there); elsewhere the whole module is skipped, as tests/test_convert_llama.py
-(tests/test_family_fixtures.py checks the same models on every backend from stored outputs).
+test-only dependency there); elsewhere the whole module is skipped, as tests/convert/test_convert_llama.py
+(tests/convert/test_family_fixtures.py checks the same models on every backend from stored outputs).
 The models are built from tiny random configs (tests/family_cases.py): nothing is downloaded.
 """
 
@@ -17,7 +17,7 @@ from keras_attn.convert import _transformers_config as tables
 from keras_attn.layers._common import gelu_approximate
 from keras_attn.layers.causal_lm import traced_step_of
 
-from . import family_cases as fc
+from .. import family_cases as fc
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -5,7 +5,7 @@
 tests compare the graph with the eager step it replaces (logits and every cache slot, at
 several cache indices), check that `generate` used it (`graph_calls`), that it reads the
 weights afresh at each call, and that a step it cannot replay faithfully is refused. The
-eager step itself is checked against transformers in tests/test_families.py, whose
+eager step itself is checked against transformers in tests/convert/test_families.py, whose
 `generate` runs through this graph on PyTorch too.
 """
 
@@ -18,7 +18,7 @@ from keras_attn import _device
 from keras_attn.layers.causal_lm import traced_step_of
 from keras_attn.testing.weights import randomize_weights
 
-from .helpers import to_numpy
+from ..helpers import to_numpy
 
 B, P, L, V, D = 2, 5, 12, 40, 16
 

@@ -8,7 +8,7 @@ import pytest
 
 import keras_attn
 
-from .helpers import assert_close, randn, rng, to_numpy
+from ..helpers import assert_close, randn, rng, to_numpy
 
 BASE, FACTOR = 300.0, 2.0
 

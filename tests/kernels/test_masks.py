@@ -17,7 +17,7 @@ from keras_attn._masks import may_attend, positional_mask
 from keras_attn.cache import cached_positional_mask
 from keras_attn.options import KernelSpec
 
-from . import reference
+from .. import reference
 
 
 def _np(x):

@@ -13,8 +13,8 @@ import keras_attn
 from keras_attn.options import FIELDS, AttentionOptions, pop_options
 from keras_attn.testing.weights import randomize_weights, reference_params
 
-from . import reference
-from .helpers import assert_close, randn, rng, to_numpy
+from .. import reference
+from ..helpers import assert_close, randn, rng, to_numpy
 
 B, T, D = 2, 6, 12
 

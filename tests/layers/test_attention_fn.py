@@ -14,8 +14,8 @@ import pytest
 import keras_attn
 from keras_attn.testing.weights import randomize_weights, reference_params
 
-from . import reference
-from .helpers import assert_close, randn, rng, to_numpy
+from .. import reference
+from ..helpers import assert_close, randn, rng, to_numpy
 
 B, T, D, H, H_KV, D_HEAD = 2, 6, 12, 4, 2, 4
 CALLS = []

@@ -12,7 +12,7 @@ import pytest
 import keras_attn
 from keras_attn import convert
 
-from .helpers import assert_close, randn, requires_keras_mha_argument, rng, to_numpy
+from ..helpers import assert_close, randn, requires_keras_mha_argument, rng, to_numpy
 
 B, T, S, D = 2, 5, 7, 8
 
@@ -31,7 +31,7 @@ def _model(cls, output_shape=None):
     w = keras.Input((S, 6), name="w")
     mask = keras.Input((T, S), dtype="bool", name="mask")
     # value_dim == key_dim: Keras's own layer fails on JAX when they differ (its fused
-    # path reshapes d_v as d_k); tests/test_convert.py covers value_dim != key_dim.
+    # path reshapes d_v as d_k); tests/convert/test_convert.py covers value_dim != key_dim.
     kwargs = dict(num_heads=2, key_dim=4, value_dim=4, dropout=0.0, use_bias=True,
                   output_shape=output_shape, attention_axes=None, seed=1,
                   kernel_regularizer=keras.regularizers.L2(1e-4))

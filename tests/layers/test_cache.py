@@ -14,8 +14,8 @@ import keras_attn
 from keras_attn._policy import device_kind, observe_paths
 from keras_attn.testing.weights import randomize_weights, reference_params
 
-from . import reference
-from .helpers import UNCACHED, assert_close, randn, rng, to_numpy
+from .. import reference
+from ..helpers import UNCACHED, assert_close, randn, rng, to_numpy
 
 BACKEND = keras.backend.backend()
 B, T, D, H, D_HEAD, S_MAX = 2, 8, 12, 4, 4, 10

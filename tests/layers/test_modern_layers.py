@@ -12,8 +12,8 @@ import pytest
 import keras_attn
 from keras_attn.testing.weights import randomize_weights, reference_params
 
-from . import reference
-from .helpers import assert_close, randn, rng, to_numpy
+from .. import reference
+from ..helpers import assert_close, randn, rng, to_numpy
 
 BACKEND = keras.backend.backend()
 

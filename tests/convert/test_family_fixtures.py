@@ -19,10 +19,10 @@ import pytest
 
 from keras_attn import CausalLM
 
-from . import family_cases as fc
-from .helpers import keras_version
+from .. import family_cases as fc
+from ..helpers import keras_version
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "families")
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "families")
 NAMES = sorted(fc.CASES)
 
 
