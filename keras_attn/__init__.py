@@ -4,11 +4,11 @@ They run unchanged on the TensorFlow, JAX and PyTorch backends of Keras 3
 (and on the NumPy backend for inference), chosen by `KERAS_BACKEND`.
 
 The top level holds what a model is built and run with, as keras-hub's does:
-the layers, the functional core and its masks, `AttentionOptions`, the cache
+the layers, the functional core and its masks, `AttentionOptions`, `RopeSpec`, the cache
 (`empty_cache`), `generate` and `observe_paths`. Tools live in submodules:
 `config` (the settings a user sets), `convert` (weights in), `distribution`
 (layout maps for `keras.distribution`), `cache`, `generation`, `options`,
-`models`, `layers`.
+`models`, `layers`, `rope`.
 
 The face is lazy (PEP 562): `import keras_attn` imports neither Keras nor a
 backend; a name is imported when it is first used (`keras_attn.MultiHeadAttention`),
@@ -26,7 +26,17 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what `__getattr__` resolves, for type checkers and the API docs
-    from keras_attn import cache, config, convert, distribution, generation, layers, models, options
+    from keras_attn import (
+        cache,
+        config,
+        convert,
+        distribution,
+        generation,
+        layers,
+        models,
+        options,
+        rope,
+    )
     from keras_attn._observe import observe_paths
     from keras_attn.attention import (
         causal_mask,
@@ -43,6 +53,7 @@ if TYPE_CHECKING:  # what `__getattr__` resolves, for type checkers and the API 
     from keras_attn.layers.transformer_encoder import TransformerEncoderLayer
     from keras_attn.models.causal_lm import CausalLM
     from keras_attn.options import AttentionOptions
+    from keras_attn.rope import RopeSpec
     from keras_attn.rotary import RotaryEmbedding, rotary_embedding
 
 # name -> the module that defines it (None: the name is a submodule).
@@ -52,6 +63,7 @@ _NAMES = {
     "KVCache": "keras_attn.cache",
     "MultiHeadAttention": "keras_attn.layers.multi_head_attention",
     "PositionwiseFeedForward": "keras_attn.layers.feed_forward",
+    "RopeSpec": "keras_attn.rope",
     "RotaryEmbedding": "keras_attn.rotary",
     "TransformerDecoderLayer": "keras_attn.layers.transformer_decoder",
     "TransformerEncoderLayer": "keras_attn.layers.transformer_encoder",
@@ -66,7 +78,7 @@ _NAMES = {
     "sliding_window_mask": "keras_attn.attention",
 }
 _SUBMODULES = ("cache", "config", "convert", "distribution", "generation", "layers", "models",
-               "options")
+               "options", "rope")
 
 __all__ = [  # a literal list, for tools that read it statically (the names below)
     "AttentionOptions",
@@ -74,6 +86,7 @@ __all__ = [  # a literal list, for tools that read it statically (the names belo
     "KVCache",
     "MultiHeadAttention",
     "PositionwiseFeedForward",
+    "RopeSpec",
     "RotaryEmbedding",
     "TransformerDecoderLayer",
     "TransformerEncoderLayer",
@@ -92,6 +105,7 @@ __all__ = [  # a literal list, for tools that read it statically (the names belo
     "options",
     "padding_mask",
     "register",
+    "rope",
     "rotary_embedding",
     "scaled_dot_product_attention",
     "sliding_window_mask",
