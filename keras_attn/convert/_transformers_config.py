@@ -1,7 +1,12 @@
 """Hugging Face `transformers` configs read per model family: every field read, refused or ignored.
 
 A config is a `transformers` config object (read through `to_dict()`) or a
-plain dict (a `config.json`). Every key of it must be in the family's table:
+plain dict (a `config.json`). `read_config` finds the family module of its
+`model_type` (`keras_attn.convert.families`, one module per family, each with its
+`FIELDS` and its `spec(config)`), checks every key against that family's table and
+returns the module's `ModelSpec`. What this module holds is family-neutral: the
+fields every config has, `ModelSpec` / `LayerSpec`, the field checks and the RoPE
+reader (`_rope`) the family modules call. Every key must be in the family's table:
 
 - `read`: reproduced (each one changes the converted model);
 - `neutral`: refused with a `ValueError` naming the field unless it holds its
