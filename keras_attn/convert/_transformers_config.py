@@ -1,7 +1,12 @@
 """Hugging Face `transformers` configs read per model family: every field read, refused or ignored.
 
 A config is a `transformers` config object (read through `to_dict()`) or a
-plain dict (a `config.json`). Every key of it must be in the family's table:
+plain dict (a `config.json`). `read_config` finds the family module of its
+`model_type` (`keras_attn.convert.families`, one module per family, each with its
+`FIELDS` and its `spec(config)`), checks every key against that family's table and
+returns the module's `ModelSpec`. What this module holds is family-neutral: the
+fields every config has, `ModelSpec` / `LayerSpec`, the field checks and the RoPE
+reader (`_rope`) the family modules call. Every key must be in the family's table:
 
 - `read`: reproduced (each one changes the converted model);
 - `neutral`: refused with a `ValueError` naming the field unless it holds its
@@ -18,7 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FAMILIES", "LayerSpec", "ModelSpec", "family_table", "read_config"]
+__all__ = ["LayerSpec", "ModelSpec", "family_table", "read_config"]
 
 # Keys of every `PretrainedConfig` (and of config.json files) that do not change the logits.
 IGNORED = {
@@ -40,35 +45,6 @@ IGNORED = {
 NEUTRAL_ALL = {"is_encoder_decoder": (False, None), "add_cross_attention": (False, None),
                "pruned_heads": ({}, None), "quantization_config": (None,),
                "partial_rotary_factor": (1.0, None)}
-_LLAMA_READ = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-               "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
-               "rms_norm_eps", "rope_parameters", "rope_theta", "rope_scaling",
-               "attention_dropout", "tie_word_embeddings")
-_GEMMA_READ = tuple(f for f in _LLAMA_READ if f != "hidden_act") + (
-    "hidden_activation", "attention_bias", "query_pre_attn_scalar", "attn_logit_softcapping",
-    "final_logit_softcapping", "sliding_window", "layer_types")
-FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {"read": _LLAMA_READ + ("attention_bias", "mlp_bias"),
-              "ignored": {"pretraining_tp": "transformers 5 ignores it (an exact split of the "
-                                            "matmuls in older versions)"}},
-    "mistral": {"read": _LLAMA_READ + ("sliding_window",), "ignored": {}},
-    "qwen2": {"read": _LLAMA_READ + ("sliding_window", "use_sliding_window", "max_window_layers",
-                                     "layer_types"), "ignored": {}},
-    "qwen3": {"read": _LLAMA_READ + ("attention_bias", "sliding_window", "use_sliding_window",
-                                     "max_window_layers", "layer_types"), "ignored": {}},
-    "gemma2": {"read": _GEMMA_READ,
-               "neutral": {"use_bidirectional_attention": (False, None)},
-               "ignored": {"hidden_act": "Gemma 2's modeling reads `hidden_activation`",
-                           "cache_implementation": "how transformers caches"}},
-    # transformers' Gemma 3 stores attn_logit_softcapping but never applies it (its attention
-    # passes no softcap): refused unless None rather than guessed.
-    "gemma3_text": {"read": tuple(f for f in _GEMMA_READ if f != "attn_logit_softcapping") + (
-        "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern"),
-                    "neutral": {"use_bidirectional_attention": (False, None),
-                                "attn_logit_softcapping": (None,)},
-                    "ignored": {"hidden_act": "Gemma 3's modeling reads `hidden_activation`",
-                                "cache_implementation": "how transformers caches"}},
-}
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
                "gelu_pytorch_tanh": "gelu_approximate", "gelu_new": "gelu_approximate"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -248,71 +224,6 @@ def _rope(params, where, max_positions):
     return options
 
 
-def _rope_by_layer_type(config, family):
-    """`{layer_type: rope options}` from `rope_parameters` (5.x) or `rope_theta`/`rope_scaling`."""
-    max_positions = config.get("max_position_embeddings")
-    params = config.get("rope_parameters")
-    if params is not None and "rope_scaling" in config and config["rope_scaling"] is not None:
-        _refuse("rope_scaling", config["rope_scaling"],
-                "give either `rope_parameters` or the older `rope_scaling`, not both")
-    if family == "gemma3_text":
-        if params is None:  # an older config.json: rope_scaling applies to the full layers
-            scaling = dict(config.get("rope_scaling") or {})
-            params = {"full_attention": {"rope_theta": config.get("rope_theta", 1e6), **scaling},
-                      "sliding_attention": {"rope_theta": config.get("rope_local_base_freq", 1e4)}}
-        elif "rope_local_base_freq" in config or "rope_theta" in config:
-            _refuse("rope_local_base_freq" if "rope_local_base_freq" in config else "rope_theta",
-                    config.get("rope_local_base_freq", config.get("rope_theta")),
-                    "the RoPE bases are in `rope_parameters` already")
-        if not isinstance(params, Mapping) or set(params) - set(LAYER_TYPES):
-            _refuse("rope_parameters", params, "Gemma 3's is a dict by layer type "
-                    "('full_attention', 'sliding_attention')")
-        return {kind: _rope(params.get(kind, {"rope_theta": 1e6 if kind == "full_attention" else 1e4}),
-                            f"rope_parameters[{kind!r}]", max_positions) for kind in LAYER_TYPES}
-    if params is None:
-        params = {"rope_theta": config.get("rope_theta", 10000.0),
-                  **dict(config.get("rope_scaling") or {})}
-        where = "rope_scaling"
-    else:
-        if "rope_theta" in config and config["rope_theta"] != params.get("rope_theta"):
-            _refuse("rope_theta", config["rope_theta"],
-                    "it differs from rope_parameters['rope_theta']")
-        where = "rope_parameters"
-    options = _rope(params, where, max_positions)
-    return {kind: options for kind in LAYER_TYPES}
-
-
-def _layer_types(config, family, num_layers):
-    """Each layer's "full_attention" / "sliding_attention", as transformers derives them."""
-    window = config.get("sliding_window")
-    if family in ("llama",):
-        return ["full_attention"] * num_layers, None
-    if family == "mistral":
-        kind = "full_attention" if window is None else "sliding_attention"
-        return [kind] * num_layers, window
-    if family in ("qwen2", "qwen3"):
-        if not config.get("use_sliding_window", False):
-            window = None
-    types = config.get("layer_types")
-    if types is None:
-        if family in ("qwen2", "qwen3"):
-            start = config.get("max_window_layers", 28)
-            types = ["sliding_attention" if window is not None and i >= start
-                     else "full_attention" for i in range(num_layers)]
-        else:
-            pattern = 2 if family == "gemma2" else config.get(
-                "sliding_window_pattern", config.get("_sliding_window_pattern", 6))
-            types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                     for i in range(num_layers)]
-    types = list(types)
-    if len(types) != num_layers or any(t not in LAYER_TYPES for t in types):
-        _refuse("layer_types", types, f"one of {LAYER_TYPES} per layer "
-                f"(num_hidden_layers={num_layers})")
-    if "sliding_attention" in types and window is None:
-        _refuse("sliding_window", window, "layer_types has sliding layers: a window is needed")
-    return types, window
-
-
 def read_config(config):
     """The `ModelSpec` of a transformers config or dict; a `ValueError` for what is refused.
 
@@ -325,57 +236,3 @@ def read_config(config):
     module = families.family(config.get("model_type"))
     check_fields(config, module.MODEL_TYPE, module.FIELDS)
     return module.spec(config)
-
-
-def read_llama_like(config, family):
-    """The spec of today's first six families (llama ... gemma3_text), whose family modules
-    share this reader (its `family` branches are theirs)."""
-    gemma = family.startswith("gemma")
-    D = _positive_int(config, "hidden_size")
-    H = _positive_int(config, "num_attention_heads")
-    kv = config.get("num_key_value_heads")
-    H_kv = _positive_int(config, "num_key_value_heads") if kv is not None else H
-    if H % H_kv:
-        _refuse("num_key_value_heads", H_kv, f"it must divide num_attention_heads={H}")
-    head_dim = config.get("head_dim")
-    d = _positive_int(config, "head_dim") if head_dim is not None else D // H
-    num_layers = _positive_int(config, "num_hidden_layers")
-    act_field = "hidden_activation" if gemma else "hidden_act"
-    act = config.get(act_field, "gelu_pytorch_tanh" if gemma else "silu")
-    if act not in ACTIVATIONS:
-        _refuse(act_field, act, f"supported: {', '.join(map(repr, ACTIVATIONS))}")
-    epsilon = _number(config, "rms_norm_eps", 1e-6)
-    rope = _rope_by_layer_type(config, family)
-    types, window = _layer_types(config, family, num_layers)
-    if window is not None:
-        window = _positive_int({"sliding_window": window}, "sliding_window")
-    soft_cap = final_cap = scale = None
-    if gemma:
-        scale = _number(config, "query_pre_attn_scalar", 256) ** -0.5
-        if family == "gemma2":
-            soft_cap = _number(config, "attn_logit_softcapping", 50.0, allow_none=True)
-        final_cap = _number(config, "final_logit_softcapping",
-                            30.0 if family == "gemma2" else None, allow_none=True)
-    qk_norm = family in ("qwen3", "gemma3_text")
-    layers = []
-    for kind in types:
-        attention = dict(rope[kind])
-        attention["sliding_window"] = window if kind == "sliding_attention" else None
-        attention["logit_soft_cap"] = soft_cap
-        attention["scale"] = scale
-        if qk_norm:
-            attention.update(qk_norm="rms", qk_norm_epsilon=epsilon)
-        layers.append(LayerSpec(attention))
-    attention_bias = bool(config.get("attention_bias", False))
-    return ModelSpec(
-        family=family, vocabulary_size=_positive_int(config, "vocab_size"), hidden_dim=D,
-        intermediate_dim=_positive_int(config, "intermediate_size"), num_layers=num_layers,
-        num_heads=H, num_key_value_heads=H_kv, head_dim=d, activation=ACTIVATIONS[act],
-        epsilon=epsilon,
-        attention_dropout=_number(config, "attention_dropout", 0.0, positive=False),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", gemma)),
-        qkv_bias=True if family == "qwen2" else attention_bias,
-        output_bias=False if family == "qwen2" else attention_bias,
-        mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=qk_norm,
-        final_logit_soft_cap=final_cap, layers=layers, sandwich_norms=gemma,
-        norm_offset=1.0 if gemma else 0.0, embedding_scale=float(math.sqrt(D)) if gemma else None)

@@ -1,13 +1,20 @@
 """keras_attn layers from Hugging Face Llama state dicts: `LlamaAttention`, `LlamaDecoderLayer`.
 
 transformers is never imported: the state dict's tensors are read as arrays
-(see `keras_attn.convert`).
+(see `keras_attn.convert`). These converters take no config: the sizes (D, d, F)
+and the biases are read from the weights, H, H_kv, `rope_theta` and
+`rms_norm_eps` are arguments. What is then mapped onto the layer, entry by entry, is
+`keras_attn.convert.transformers`' Llama mapping (`_attention_plan`, `_block_plan`),
+the one the config-reading converters use; the shapes are checked against the weights'
+own sizes (`_shaped`), not against a config.
 """
 
 from collections.abc import Mapping
 from typing import Any
 
 from keras_attn.convert import _common
+from keras_attn.convert._transformers_config import LayerSpec, ModelSpec
+from keras_attn.convert.transformers import _attention_plan, _block_plan
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
 
@@ -27,15 +34,19 @@ def _check_key_value_heads(num_heads, num_key_value_heads):
             f"Received: num_heads={num_heads!r}, num_key_value_heads={num_key_value_heads!r}")
 
 
-def _llama_attention(entries, num_heads, num_key_value_heads, sub=""):
-    """Check and read a `LlamaAttention` state dict under `sub`.
+def _shaped(entries, name, shape, letters, fields):
+    """The plans' shape check without a config: entry `name` must have `shape` (there is no
+    config field to name, so `fields` is not used)."""
+    del fields
+    return entries.shaped(name, letters, shape)
 
-    Returns `(D, d, use_bias, weights)` with `weights[part] = (kernel, bias)`
-    in keras_attn's layout.
-    """
-    H, H_kv = num_heads, num_key_value_heads
-    names = [sub + n + "_proj.weight" for n in ("q", "k", "v", "o")]
-    entries.require(*names)
+
+def _attention_sizes(entries, num_heads, sub=""):
+    """`(D, d, use_bias)` of a `LlamaAttention` state dict under `sub`, read from its weights:
+    the four projections are required, their biases all present or all absent, and
+    `q_proj.weight` `(H * d, D)` gives D and d."""
+    H = num_heads
+    entries.require(*(sub + n + "_proj.weight" for n in ("q", "k", "v", "o")))
     bias_names = [sub + n + "_proj.bias" for n in ("q", "k", "v", "o")]
     present = [n for n in bias_names if entries.has(n)]
     if present and len(present) != len(bias_names):
@@ -44,27 +55,23 @@ def _llama_attention(entries, num_heads, num_key_value_heads, sub=""):
             f"state_dict has {', '.join(entries.key(n) for n in present)} but is missing "
             f"{', '.join(entries.key(n) for n in absent)}: keras_attn.MultiHeadAttention has "
             "biases on all four projections (Llama's `attention_bias=True`) or on none.")
-    use_bias = bool(present)
-
-    q_w = entries.rank(sub + "q_proj.weight", 2, "(H * d, D)")
-    Hd, D = q_w.shape
+    Hd, D = entries.rank(sub + "q_proj.weight", 2, "(H * d, D)").shape
     if Hd % H:
         raise ValueError(
             f"The query width H * d = {Hd} (from {entries.key(sub + 'q_proj.weight')}) must be "
             f"divisible by num_heads. Received: num_heads={H}")
-    d = Hd // H
-    k_w = entries.shaped(sub + "k_proj.weight", "(H_kv * d, D)", (H_kv * d, D))
-    v_w = entries.shaped(sub + "v_proj.weight", "(H_kv * d, D)", (H_kv * d, D))
-    o_w = entries.shaped(sub + "o_proj.weight", "(D, H * d)", (D, Hd))
-    q_b = k_b = v_b = o_b = None
-    if use_bias:
-        q_b = entries.shaped(sub + "q_proj.bias", "(H * d,)", (Hd,))
-        k_b = entries.shaped(sub + "k_proj.bias", "(H_kv * d,)", (H_kv * d,))
-        v_b = entries.shaped(sub + "v_proj.bias", "(H_kv * d,)", (H_kv * d,))
-        o_b = entries.shaped(sub + "o_proj.bias", "(D,)", (D,))
-    weights = {"query": (q_w.T, q_b), "key": (k_w.T, k_b), "value": (v_w.T, v_b),
-               "output": (o_w.T, o_b)}
-    return D, d, use_bias, weights
+    return D, Hd // H, bool(present)
+
+
+def _llama_spec(num_heads, num_key_value_heads, D, d, use_bias, F=0, epsilon=1e-6):
+    """The `ModelSpec` of one Llama layer with these sizes, for the plans (which read its
+    sizes, biases and norms; the model-level fields are placeholders they do not read)."""
+    return ModelSpec(
+        family="llama", vocabulary_size=0, hidden_dim=D, intermediate_dim=F, num_layers=1,
+        num_heads=num_heads, num_key_value_heads=num_key_value_heads, head_dim=d,
+        activation="silu", epsilon=epsilon, attention_dropout=0.0, tie_word_embeddings=False,
+        qkv_bias=use_bias, output_bias=use_bias, mlp_bias=use_bias, qk_norm=False,
+        final_logit_soft_cap=None, layers=[LayerSpec({})])
 
 
 def multi_head_attention_from_llama(state_dict: Mapping[str, Any], num_heads: int,
@@ -126,12 +133,14 @@ def multi_head_attention_from_llama(state_dict: Mapping[str, Any], num_heads: in
     _check_key_value_heads(num_heads, num_key_value_heads)
     _common.check_kwargs(kwargs, _LLAMA_MHA_DERIVED[1:], "state dict or the Llama-named arguments")
     entries = _common.StateDict(state_dict, prefix)
-    D, d, use_bias, weights = _llama_attention(entries, num_heads, num_key_value_heads)
-    entries.check_all_used()
+    D, d, use_bias = _attention_sizes(entries, num_heads)
     layer = MultiHeadAttention(num_heads, key_dim=d, num_key_value_heads=num_key_value_heads,
                                rope_max_wavelength=rope_theta, use_bias=use_bias, **kwargs)
     layer.build(query_shape=(None, None, D))
-    _common.assign(_common.mha_plan(layer, weights))
+    spec = _llama_spec(num_heads, num_key_value_heads, D, d, use_bias)
+    plan = _attention_plan(entries, spec, layer, check=_shaped)
+    entries.check_all_used()
+    _common.assign(plan)
     return layer
 
 
@@ -202,8 +211,7 @@ def transformer_decoder_layer_from_llama(state_dict: Mapping[str, Any], num_head
     mlp = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
     entries.require("input_layernorm.weight", "post_attention_layernorm.weight",
                     *(n + ".weight" for n in mlp))
-    D, d, use_bias, attention_weights = _llama_attention(
-        entries, num_heads, num_key_value_heads, "self_attn.")
+    D, d, use_bias = _attention_sizes(entries, num_heads, "self_attn.")
     mlp_bias = [entries.has(n + ".bias") for n in mlp]
     if any(mlp_bias) != use_bias or len(set(mlp_bias)) > 1:
         state = {True: "present", False: "absent"}
@@ -214,17 +222,6 @@ def transformer_decoder_layer_from_llama(state_dict: Mapping[str, Any], num_head
             f"self_attn biases {state[use_bias]}, "
             + ", ".join(f"{entries.key(n + '.bias')} {state[f]}" for n, f in zip(mlp, mlp_bias)))
     F = entries.rank("mlp.gate_proj.weight", 2, "(F, D)").shape[0]
-    gate_w = entries.shaped("mlp.gate_proj.weight", "(F, D)", (F, D))
-    up_w = entries.shaped("mlp.up_proj.weight", "(F, D)", (F, D))
-    down_w = entries.shaped("mlp.down_proj.weight", "(D, F)", (D, F))
-    gate_b = up_b = down_b = None
-    if use_bias:
-        gate_b = entries.shaped("mlp.gate_proj.bias", "(F,)", (F,))
-        up_b = entries.shaped("mlp.up_proj.bias", "(F,)", (F,))
-        down_b = entries.shaped("mlp.down_proj.bias", "(D,)", (D,))
-    input_norm = entries.shaped("input_layernorm.weight", "(D,)", (D,))
-    post_norm = entries.shaped("post_attention_layernorm.weight", "(D,)", (D,))
-    entries.check_all_used()
 
     layer = TransformerDecoderLayer(
         num_heads, intermediate_dim=F, key_dim=d, num_key_value_heads=num_key_value_heads,
@@ -232,12 +229,8 @@ def transformer_decoder_layer_from_llama(state_dict: Mapping[str, Any], num_head
         use_bias=use_bias, gated_feed_forward=True, activation="silu",
         layer_norm_epsilon=rms_norm_eps, **kwargs)
     layer.build((None, None, D))
-    feed_forward = layer.feed_forward
-    plan = _common.mha_plan(layer.self_attention, attention_weights)
-    plan += _common.dense_plan(feed_forward.gate_dense, gate_w.T, gate_b, "mlp.gate_proj")
-    plan += _common.dense_plan(feed_forward.intermediate_dense, up_w.T, up_b, "mlp.up_proj")
-    plan += _common.dense_plan(feed_forward.output_dense, down_w.T, down_b, "mlp.down_proj")
-    plan += [(layer.self_attention_norm.scale, input_norm, "input_layernorm weight"),
-             (layer.feed_forward_norm.scale, post_norm, "post_attention_layernorm weight")]
+    spec = _llama_spec(num_heads, num_key_value_heads, D, d, use_bias, F, rms_norm_eps)
+    plan = _block_plan(entries, spec, layer, check=_shaped)
+    entries.check_all_used()
     _common.assign(plan)
     return layer

@@ -54,18 +54,22 @@ def _cross_check(entries, name, shape, expected, fields):
     return array
 
 
-def _attention_plan(entries, spec: ModelSpec, layer, sub=""):
-    """Check and plan the attention entries under `sub` onto MultiHeadAttention `layer`."""
+def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check):
+    """Check and plan the attention entries under `sub` onto MultiHeadAttention `layer`.
+
+    `check(entries, name, shape, letters, fields)` reads each entry and checks its shape
+    (`_cross_check`: against the config's `fields`; keras_attn.convert.huggingface, which
+    has no config, passes its own)."""
     H, H_kv, d, D = spec.num_heads, spec.num_key_value_heads, spec.head_dim, spec.hidden_dim
     heads = f"num_attention_heads={H}, head_dim={d} (H * d = {H * d})"
     kv_heads = f"num_key_value_heads={H_kv}, head_dim={d} (H_kv * d = {H_kv * d})"
     width = f"hidden_size={D}"
-    q = _cross_check(entries, sub + "q_proj.weight", (H * d, D), "(H * d, D)", f"{heads}, {width}")
-    k = _cross_check(entries, sub + "k_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
-                     f"{kv_heads}, {width}")
-    v = _cross_check(entries, sub + "v_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
-                     f"{kv_heads}, {width}")
-    o = _cross_check(entries, sub + "o_proj.weight", (D, H * d), "(D, H * d)", f"{width}, {heads}")
+    q = check(entries, sub + "q_proj.weight", (H * d, D), "(H * d, D)", f"{heads}, {width}")
+    k = check(entries, sub + "k_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
+              f"{kv_heads}, {width}")
+    v = check(entries, sub + "v_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
+              f"{kv_heads}, {width}")
+    o = check(entries, sub + "o_proj.weight", (D, H * d), "(D, H * d)", f"{width}, {heads}")
     bias = {}
     for part, rows, letters, flag, what in (("q", H * d, "(H * d,)", spec.qkv_bias, heads),
                                             ("k", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
@@ -73,7 +77,7 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub=""):
                                             ("o", D, "(D,)", spec.output_bias, width)):
         name = f"{sub}{part}_proj.bias"
         if flag:
-            bias[part] = _cross_check(entries, name, (rows,), letters, what)
+            bias[part] = check(entries, name, (rows,), letters, what)
         elif entries.has(name):
             why = (f"{spec.family!r} has no output bias" if spec.qkv_bias else
                    "the config has attention_bias=False")
@@ -85,7 +89,7 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub=""):
     plan = _common.mha_plan(layer, weights)
     if spec.qk_norm:
         for part, norm in (("q", layer.query_norm), ("k", layer.key_norm)):
-            w = _cross_check(entries, f"{sub}{part}_norm.weight", (d,), "(d,)", f"head_dim={d}")
+            w = check(entries, f"{sub}{part}_norm.weight", (d,), "(d,)", f"head_dim={d}")
             plan.append((norm.scale, w + spec.norm_offset, f"{part}_norm weight"))
     return plan
 
@@ -112,19 +116,21 @@ def _block_options(spec):
     return options
 
 
-def _norm_plan(entries, spec, norm, name):
+def _norm_plan(entries, spec, norm, name, check=_cross_check):
     """An RMSNorm's `norm_offset + w`, or a LayerNorm's weight and bias."""
     D = spec.hidden_dim
-    w = _cross_check(entries, f"{name}.weight", (D,), "(D,)", f"hidden_size={D}")
+    w = check(entries, f"{name}.weight", (D,), "(D,)", f"hidden_size={D}")
     if spec.normalization == "rms":
-        return [(norm.scale, w + spec.norm_offset, f"{name} weight")]
-    b = _cross_check(entries, f"{name}.bias", (D,), "(D,)", f"hidden_size={D}")
+        return [(norm.scale, w + spec.norm_offset if spec.norm_offset else w, f"{name} weight")]
+    b = check(entries, f"{name}.bias", (D,), "(D,)", f"hidden_size={D}")
     return [(norm.gamma, w, f"{name} weight"), (norm.beta, b, f"{name} bias")]
 
 
-def _block_plan(entries, spec: ModelSpec, block, sub=""):
+def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
+    """Check and plan a decoder layer's entries under `sub` onto the block (`check` as for
+    `_attention_plan`)."""
     D, F = spec.hidden_dim, spec.intermediate_dim
-    plan = _attention_plan(entries, spec, block.self_attention, sub + "self_attn.")
+    plan = _attention_plan(entries, spec, block.self_attention, sub + "self_attn.", check)
     ff = block.feed_forward
     sizes = f"intermediate_size={F}, hidden_size={D}"
     parts = [("gate", getattr(ff, "gate_dense", None), (F, D), "(F, D)"),
@@ -132,10 +138,10 @@ def _block_plan(entries, spec: ModelSpec, block, sub=""):
              ("down", ff.output_dense, (D, F), "(D, F)")]
     for part, dense, shape, letters in parts[0 if spec.gated_feed_forward else 1:]:
         name = f"{sub}mlp.{part}_proj"
-        w = _cross_check(entries, name + ".weight", shape, letters, sizes)
+        w = check(entries, name + ".weight", shape, letters, sizes)
         b = None
         if spec.mlp_bias:
-            b = _cross_check(entries, name + ".bias", shape[:1], letters[:2] + ",)", sizes)
+            b = check(entries, name + ".bias", shape[:1], letters[:2] + ",)", sizes)
         elif entries.has(name + ".bias"):
             raise ValueError(f"The config and the weights disagree: mlp_bias=False but "
                              f"state_dict has {entries.key(name + '.bias')}.")
@@ -148,7 +154,7 @@ def _block_plan(entries, spec: ModelSpec, block, sub=""):
     else:
         norms += [("post_attention_layernorm", block.feed_forward_norm)]
     for norm_name, norm in norms:
-        plan += _norm_plan(entries, spec, norm, sub + norm_name)
+        plan += _norm_plan(entries, spec, norm, sub + norm_name, check)
     return plan
 
 

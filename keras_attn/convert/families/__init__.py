@@ -14,9 +14,14 @@ family:
   fused ones split) into the Llama layout the converter maps (`q_proj`, `gate_proj`,
   `input_layernorm`, ...), each split cross-checked against the config.
 
-A family module imports the shared private helpers (`_transformers_config`,
-`families/_weights.py`), never another family's module. This registry imports a
-module when its `model_type` is first asked for.
+Each module owns its family's logic: what differs between families (which fields,
+their defaults, which blocks slide, biases, norms, soft-caps, RoPE per layer type) is
+written in the family's module, as arguments to family-neutral helpers; no helper
+branches on a family's name. A family module imports those shared private helpers
+(`keras_attn.convert._transformers_config`: `ModelSpec`, the field checks, `_rope`;
+`families/_shared.py`: `core`, `rope_of`, `window_of`, the layer types, `layer_specs`),
+never another family's module. This registry imports a module when its `model_type`
+is first asked for.
 """
 
 import importlib

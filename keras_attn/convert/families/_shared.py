@@ -1,8 +1,12 @@
 """What every decoder family's config holds, read once (the family modules use it).
 
 `core(config, ...)` reads the sizes, the activation and the norm epsilon;
-`layer_specs(...)` makes the per-block attention options. Field names are
-transformers' (a family whose field is named otherwise passes its name).
+`rope_of` the RoPE options, `window_of` the sliding window; `layer_types`,
+`checked_layer_types`, `sliding_from`, `every_nth_full` and `sliding_windows` give each
+block's "full_attention" / "sliding_attention" and window; `layer_specs(...)` makes the
+per-block attention options. Field names are transformers' (a family whose field is
+named otherwise passes its name). Nothing here branches on a family's name: what
+differs between families is in their modules, as arguments to these helpers.
 """
 
 from keras_attn.convert._transformers_config import (
@@ -15,7 +19,8 @@ from keras_attn.convert._transformers_config import (
     _rope,
 )
 
-__all__ = ["core", "layer_specs", "layer_types", "refuse", "rope_of", "window_of"]
+__all__ = ["checked_layer_types", "core", "every_nth_full", "layer_specs", "layer_types",
+           "refuse", "rope_of", "sliding_from", "sliding_windows", "window_of"]
 
 refuse = _refuse
 # The fields `core` reads (each family lists them with its own in FIELDS["read"]).
@@ -64,13 +69,20 @@ def rope_of(config):
 
 
 def window_of(config, field="sliding_window"):
+    """The config's window (a positive int), or None."""
     window = config.get(field)
     return None if window is None else _positive_int(config, field)
 
 
 def layer_types(config, num_layers, window):
     """`layer_types` checked: one of LAYER_TYPES per layer, a window for sliding ones."""
-    types = list(config["layer_types"])
+    return checked_layer_types(config["layer_types"], num_layers, window)
+
+
+def checked_layer_types(types, num_layers, window):
+    """`types` (the config's `layer_types`, or what transformers derives without it) as a
+    list, checked: one of LAYER_TYPES per layer, a window for sliding ones."""
+    types = list(types)
     if len(types) != num_layers or any(t not in LAYER_TYPES for t in types):
         _refuse("layer_types", types, f"one of {LAYER_TYPES} per layer "
                 f"(num_hidden_layers={num_layers})")
@@ -79,12 +91,30 @@ def layer_types(config, num_layers, window):
     return types
 
 
+def sliding_from(num_layers, start, window):
+    """The blocks from `start` on sliding (when there is a window), those before it full."""
+    return ["sliding_attention" if window is not None and i >= start else "full_attention"
+            for i in range(num_layers)]
+
+
+def every_nth_full(num_layers, n):
+    """Every `n`-th block (the n-th, the 2n-th, ...) full, the others sliding."""
+    return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(num_layers)]
+
+
+def sliding_windows(types, window):
+    """Each block's window: `window` on the "sliding_attention" blocks, None on the others."""
+    return [window if kind == "sliding_attention" else None for kind in types]
+
+
 def layer_specs(num_layers, rope, *, windows=None, uses_rope=None, **attention):
-    """One LayerSpec per block: the RoPE options where `uses_rope[i]` (all by default), the
-    window `windows[i]` (None: none), and `attention`'s other options everywhere."""
+    """One LayerSpec per block: the RoPE options `rope` (a list: `rope[i]` for block i)
+    where `uses_rope[i]` (all by default), the window `windows[i]` (None: none), and
+    `attention`'s other options everywhere."""
     specs = []
     for i in range(num_layers):
-        options = dict(rope) if uses_rope is None or uses_rope[i] else {}
+        block_rope = rope[i] if isinstance(rope, list) else rope
+        options = dict(block_rope) if uses_rope is None or uses_rope[i] else {}
         options["sliding_window"] = None if windows is None else windows[i]
         options.update(attention)
         specs.append(LayerSpec(options))

@@ -22,5 +22,5 @@ def spec(config):
     return ModelSpec(
         **core, qkv_bias=False, output_bias=False, mlp_bias=False, qk_norm=False,
         final_logit_soft_cap=None,
-        layers=_shared.layer_specs(n, _shared.rope_of(config), windows=[
-            window if kind == "sliding_attention" else None for kind in types]))
+        layers=_shared.layer_specs(n, _shared.rope_of(config),
+                                   windows=_shared.sliding_windows(types, window)))

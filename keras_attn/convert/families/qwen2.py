@@ -1,11 +1,31 @@
-"""`model_type="qwen2"`: its fields and spec, read by the reader today's first six families
-share (`keras_attn.convert._transformers_config.read_llama_like`)."""
+"""`model_type="qwen2"` (Qwen 2, 2.5): Llama's layout with biases on the query, key and
+value projections (none on the output one), and, with `use_sliding_window`, a window on
+the "sliding_attention" blocks (`layer_types`; without it, transformers' derivation:
+the blocks from `max_window_layers` on)."""
 
-from keras_attn.convert import _transformers_config as _config
+from keras_attn.convert._transformers_config import ModelSpec
+from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "qwen2"
-FIELDS = _config.FAMILIES[MODEL_TYPE]
+FIELDS = {
+    "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "sliding_window",
+                                   "use_sliding_window", "max_window_layers", "layer_types"),
+    "neutral": {},
+    "ignored": {},
+}
 
 
 def spec(config):
-    return _config.read_llama_like(config, MODEL_TYPE)
+    core = _shared.core(config)
+    n = core["num_layers"]
+    rope = _shared.rope_of(config)
+    window = _shared.window_of(config) if config.get("use_sliding_window", False) else None
+    types = config.get("layer_types")
+    if types is None:
+        types = _shared.sliding_from(n, config.get("max_window_layers", 28), window)
+    types = _shared.checked_layer_types(types, n, window)
+    return ModelSpec(
+        **core, qkv_bias=True, output_bias=False, mlp_bias=False, qk_norm=False,
+        final_logit_soft_cap=None,
+        layers=_shared.layer_specs(n, rope, windows=_shared.sliding_windows(types, window),
+                                   logit_soft_cap=None, scale=None))

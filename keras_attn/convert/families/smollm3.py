@@ -36,5 +36,5 @@ def spec(config):
     return ModelSpec(
         **core, qkv_bias=bias, output_bias=bias, mlp_bias=bool(config.get("mlp_bias", False)),
         qk_norm=False, final_logit_soft_cap=None,
-        layers=_shared.layer_specs(n, _shared.rope_of(config), uses_rope=uses_rope, windows=[
-            window if kind == "sliding_attention" else None for kind in types]))
+        layers=_shared.layer_specs(n, _shared.rope_of(config), uses_rope=uses_rope,
+                                   windows=_shared.sliding_windows(types, window)))
