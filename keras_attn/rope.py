@@ -38,7 +38,8 @@ class RopeType:
             frequencies (float64 NumPy) and the multiplier of cos and sin.
         parameters: the Hugging Face `rope_parameters` keys it reads besides
             `rope_type` and `rope_theta`, as `{hf_key: RopeSpec field}`.
-        required: the keys of `parameters` that must be given.
+        required: the keys of `parameters` that must be given (transformers raises a
+            `KeyError` without them; yarn defaults its own).
     """
 
     frequencies: Callable
@@ -103,10 +104,11 @@ _CONTEXT = {"original_max_position_embeddings": "original_max_position_embedding
 # scaling factor before `rope_type` existed.
 ROPE_TYPES = {
     "default": RopeType(_linear),
-    "linear": RopeType(_linear, {"factor": "scaling_factor"}),
+    "linear": RopeType(_linear, {"factor": "scaling_factor"}, required=("factor",)),
     "llama3": RopeType(_llama3, {"factor": "scaling_factor", "low_freq_factor": "low_freq_factor",
                                  "high_freq_factor": "high_freq_factor", **_CONTEXT},
-                       required=("factor", "original_max_position_embeddings")),
+                       required=("factor", "low_freq_factor", "high_freq_factor",
+                                 "original_max_position_embeddings")),
     "yarn": RopeType(_yarn, {"factor": "scaling_factor", "beta_fast": "beta_fast",
                              "beta_slow": "beta_slow", "attention_factor": "attention_factor",
                              "mscale": "mscale", "mscale_all_dim": "mscale_all_dim",

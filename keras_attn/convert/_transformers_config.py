@@ -23,6 +23,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from keras_attn.rope import RopeSpec
+
 __all__ = ["LayerSpec", "ModelSpec", "family_table", "read_config"]
 
 # Keys of every `PretrainedConfig` (and of config.json files) that do not change the logits.
@@ -48,23 +50,6 @@ NEUTRAL_ALL = {"is_encoder_decoder": (False, None), "add_cross_attention": (Fals
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
                "gelu_pytorch_tanh": "gelu_approximate", "gelu_new": "gelu_approximate"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
-# rope_parameters keys per rope_type -> AttentionOptions field (besides rope_type, rope_theta).
-ROPE_KEYS: dict[str, dict[str, str | None]] = {
-    "default": {},
-    "linear": {"factor": "rope_scaling_factor"},
-    "llama3": {"factor": "rope_scaling_factor", "low_freq_factor": "rope_low_freq_factor",
-               "high_freq_factor": "rope_high_freq_factor",
-               "original_max_position_embeddings": "rope_original_max_position_embeddings"},
-    "yarn": {"factor": "rope_scaling_factor", "beta_fast": "rope_beta_fast",
-             "beta_slow": "rope_beta_slow", "attention_factor": "rope_attention_factor",
-             "original_max_position_embeddings": "rope_original_max_position_embeddings",
-             "mscale": None, "mscale_all_dim": None, "truncate": "rope_truncate"},
-}
-
-# What transformers requires (it raises a KeyError without them); yarn defaults its own.
-REQUIRED_ROPE_KEYS = {"linear": ("factor",), "llama3": tuple(ROPE_KEYS["llama3"])}
-
-
 @dataclasses.dataclass
 class LayerSpec:
     """The keras_attn options of one decoder layer (`TransformerDecoderLayer` keywords)."""
@@ -172,56 +157,14 @@ def check_fields(config, family, fields):
 
 
 def _rope(params, where, max_positions):
-    """AttentionOptions RoPE fields from one `rope_parameters` dict (named `where` in errors)."""
-    if not isinstance(params, Mapping):
-        _refuse(where, params, "a dict of RoPE parameters is expected")
-    params = dict(params)
-    rope_type = params.pop("rope_type", params.pop("type", "default"))
-    params.pop("type", None)
-    if rope_type not in ROPE_KEYS:
-        _refuse(f"{where}['rope_type']", rope_type,
-                f"keras_attn reproduces the RoPE types {', '.join(map(repr, ROPE_KEYS))}")
-    theta = _number(params, "rope_theta", allow_none=True)
-    params.pop("rope_theta", None)
-    if theta is None:
-        _refuse(f"{where}['rope_theta']", None, "the RoPE base is required")
-    partial = params.pop("partial_rotary_factor", None)
-    if partial not in (None, 1, 1.0):
-        _refuse(f"{where}['partial_rotary_factor']", partial, "RoPE over the whole head only")
-    options = {"rope_max_wavelength": theta, "rope_type": rope_type}
-    keys = ROPE_KEYS[rope_type]
-    for key in params:
-        if key not in keys:
-            _refuse(f"{where}[{key!r}]", params[key],
-                    f"not a parameter keras_attn reads for rope_type {rope_type!r}")
-    if rope_type == "default":
-        return options
-    for key in REQUIRED_ROPE_KEYS.get(rope_type, ()):
-        if params.get(key) is None:
-            _refuse(f"{where}[{key!r}]", params.get(key), f"rope_type {rope_type!r} needs it")
-    if rope_type == "yarn":
-        # transformers' defaults and truthiness (`beta_fast or 32`, `if mscale and mscale_all_dim`).
-        original = params.get("original_max_position_embeddings") or max_positions
-        factor = params.get("factor")
-        if factor is None and original:
-            factor = max_positions / original
-        params["factor"], params["original_max_position_embeddings"] = factor, original
-        params["beta_fast"] = params.get("beta_fast") or 32.0
-        params["beta_slow"] = params.get("beta_slow") or 1.0
-        mscale, mscale_all_dim = params.pop("mscale", None), params.pop("mscale_all_dim", None)
-        if params.get("attention_factor") is None and factor is not None:
-
-            def get_mscale(scale, m=1.0):
-                return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-            params["attention_factor"] = (get_mscale(factor, mscale) / get_mscale(
-                factor, mscale_all_dim) if mscale and mscale_all_dim else get_mscale(factor))
-    for key, value in params.items():
-        field = keys[key]
-        if value is None:
-            _refuse(f"{where}[{key!r}]", value, f"rope_type {rope_type!r} needs it")
-        options[field] = value
-    return options
+    """AttentionOptions RoPE fields from one `rope_parameters` dict (named `where` in errors):
+    `keras_attn.rope.RopeSpec.from_rope_parameters`, flat (`rope_max_wavelength`,
+    `rope_type` and the fields that differ from their defaults)."""
+    spec = RopeSpec.from_rope_parameters(params, max_position_embeddings=max_positions,
+                                         where=where)
+    defaults = RopeSpec(max_wavelength=spec.max_wavelength).options()
+    return {name: value for name, value in spec.options().items()
+            if name in ("rope_max_wavelength", "rope_type") or value != defaults[name]}
 
 
 def read_config(config):

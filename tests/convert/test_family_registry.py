@@ -53,6 +53,24 @@ def test_a_field_a_family_cannot_reproduce_is_refused_by_name():
         causal_lm_from_transformers({"model_type": "starcoder2", **TINY, "rms_norm_eps": 1e-6}, {})
 
 
+@pytest.mark.parametrize("config, field", [
+    ({"model_type": "phi3", "rope_parameters": "x"}, "rope_parameters"),
+    # One layer: two layer types, with and without a window (an IndexError before).
+    ({"model_type": "smollm3", "layer_types": ["full_attention"] * 2}, "layer_types"),
+    ({"model_type": "smollm3", "use_sliding_window": True, "sliding_window": 4,
+      "layer_types": ["sliding_attention"] * 2}, "layer_types"),
+    # Sliding layers while use_sliding_window is off: transformers' attention drops the
+    # window there but its mask keeps it; refused rather than guessed.
+    ({"model_type": "smollm3", "layer_types": ["sliding_attention"]}, "sliding_window"),
+    ({"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4,
+                                                 "factor": 8.0}},
+     r"rope_parameters\['low_freq_factor'\]"),
+])
+def test_malformed_configs_are_refused_by_name(config, field):
+    with pytest.raises(ValueError, match=rf"config field `{field}"):
+        causal_lm_from_transformers({**TINY, **config}, {})
+
+
 def test_phi3s_fused_projections_are_cross_checked_against_the_config():
     g = np.random.default_rng(0)
     config = {"model_type": "phi3", **TINY, "tie_word_embeddings": True}

@@ -3,6 +3,8 @@
 rows, then F up rows) are split on load and cross-checked against the config.
 `longrope` (Phi-3's long-context variants: per-frequency factor lists) is refused."""
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from keras_attn.convert import _common
@@ -22,6 +24,9 @@ FIELDS = {
 def spec(config):
     core = _shared.core(config, tie_default=False)
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        _shared.refuse("rope_parameters" if config.get("rope_parameters") else "rope_scaling",
+                       params, "a dict of RoPE parameters is expected")
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
         _shared.refuse("rope_parameters['rope_type']", rope_type,

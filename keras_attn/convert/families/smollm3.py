@@ -32,6 +32,9 @@ def spec(config):
                  else "full_attention" for i in range(n)]
     elif window is not None:
         types = _shared.layer_types(config, n, window)
+    else:
+        types = _shared.checked_layer_types(types, n, None)  # sliding ones refused:
+        # transformers' attention drops the window there, its sliding mask keeps it
     bias = bool(config.get("attention_bias", False))
     return ModelSpec(
         **core, qkv_bias=bias, output_bias=bias, mlp_bias=bool(config.get("mlp_bias", False)),
