@@ -60,6 +60,9 @@ class AttentionOptions:
             the two.
         rope_truncate: yarn's: round the ramp's bounds to whole frequencies
             (Hugging Face's default, True).
+        rope_partial_rotary_factor: the rotated share of each head, in (0, 1]:
+            the leading `int(d * factor)` features (even), with the frequencies
+            of a head that wide (transformers' `partial_rotary_factor`).
         sliding_window: W, or None: position p attends j only if
             `0 <= p - j < W` (causal) or `|p - j| < W`.
         logit_soft_cap: c > 0, or None: logits become `c * tanh(logits / c)`.
@@ -102,6 +105,7 @@ class AttentionOptions:
     rope_mscale: float | None = None
     rope_mscale_all_dim: float | None = None
     rope_truncate: bool = True
+    rope_partial_rotary_factor: float = 1.0
 
     def __post_init__(self):
         checked = {
@@ -150,6 +154,8 @@ class AttentionOptions:
             raise ValueError(
                 "Rotary embeddings rotate pairs of features: the head width must be even when "
                 f"`rope_max_wavelength` is set. Received: key_dim={key_dim}")
+        if self.rope is not None and key_dim is not None:
+            self.rope.rotary_dim(key_dim)  # the rotated slice is even
         return dataclasses.replace(self, num_key_value_heads=kv_heads)
 
     def get_config(self):

@@ -99,20 +99,22 @@ def _yarn(spec, dim):
 
 
 _CONTEXT = {"original_max_position_embeddings": "original_max_position_embeddings"}
+_PARTIAL = {"partial_rotary_factor": "partial_rotary_factor"}  # every type: a slice of d
 # rope_type -> RopeType, with Hugging Face's formulas (`modeling_rope_utils.py`). "default"
 # divides by `scaling_factor` too: keras_attn's (and keras-hub's) meaning of a
 # scaling factor before `rope_type` existed.
 ROPE_TYPES = {
-    "default": RopeType(_linear),
-    "linear": RopeType(_linear, {"factor": "scaling_factor"}, required=("factor",)),
+    "default": RopeType(_linear, _PARTIAL),
+    "linear": RopeType(_linear, {"factor": "scaling_factor", **_PARTIAL}, required=("factor",)),
     "llama3": RopeType(_llama3, {"factor": "scaling_factor", "low_freq_factor": "low_freq_factor",
-                                 "high_freq_factor": "high_freq_factor", **_CONTEXT},
+                                 "high_freq_factor": "high_freq_factor", **_CONTEXT,
+                                 **_PARTIAL},
                        required=("factor", "low_freq_factor", "high_freq_factor",
                                  "original_max_position_embeddings")),
     "yarn": RopeType(_yarn, {"factor": "scaling_factor", "beta_fast": "beta_fast",
                              "beta_slow": "beta_slow", "attention_factor": "attention_factor",
                              "mscale": "mscale", "mscale_all_dim": "mscale_all_dim",
-                             "truncate": "truncate", **_CONTEXT}),
+                             "truncate": "truncate", **_CONTEXT, **_PARTIAL}),
 }
 # Their frequencies depend on the sequence length (dynamic) or on per-frequency lists.
 REFUSED_ROPE_TYPES = ("dynamic", "longrope")
@@ -155,6 +157,11 @@ def check_rope(values, prefix=""):
                                              allow_none=name in optional)
     for name in ("mscale", "mscale_all_dim"):
         checked[name] = _non_negative(prefix + name, values[name])
+    name = prefix + "partial_rotary_factor"
+    checked["partial_rotary_factor"] = check_positive_float(name, values["partial_rotary_factor"])
+    if checked["partial_rotary_factor"] > 1:
+        raise ValueError(f"`{name}` is the rotated share of each head, in (0, 1]. "
+                         f"Received: {name}={values['partial_rotary_factor']!r}")
     name = prefix + "original_max_position_embeddings"
     if rope_type in ("llama3", "yarn") and checked["original_max_position_embeddings"] is None:
         raise ValueError(
@@ -195,6 +202,12 @@ class RopeSpec:
         mscale, mscale_all_dim: yarn's (DeepSeek): both set, the attention
             factor is the ratio of `0.1 m ln s + 1` for the two.
         truncate: yarn's: round the ramp's bounds to whole frequencies.
+        partial_rotary_factor: the share of each head that is rotated, in
+            (0, 1]: the leading `int(d * partial_rotary_factor)` features
+            (transformers' truncation; it must be even), paired within that
+            slice as `interleaved` says, with the frequencies of a head that
+            wide; the others pass unchanged (GLM-4, Phi-4-mini, Qwen 3.5,
+            GPT-NeoX). transformers' name.
 
     Example:
 
@@ -222,6 +235,7 @@ class RopeSpec:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     truncate: bool = True
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self):
         self._set(check_rope(dataclasses.asdict(self)))
@@ -240,9 +254,20 @@ class RopeSpec:
         return cls(**check_rope({**defaults, **values}, prefix))
 
     def frequencies(self, dim):
-        """`(theta, attention_factor)`: the d/2 inverse frequencies (float64 NumPy) and the
-        multiplier of cos and sin, for a head width `dim`."""
+        """`(theta, attention_factor)`: the dim/2 inverse frequencies (float64 NumPy) and
+        the multiplier of cos and sin, for a rotated width `dim` (`rotary_dim(d)`)."""
         return ROPE_TYPES[self.rope_type].frequencies(self, dim)
+
+    def rotary_dim(self, head_dim):
+        """The rotated width of a head `head_dim` wide: `int(head_dim *
+        partial_rotary_factor)`, checked even (a `ValueError` naming both otherwise)."""
+        dim = int(head_dim * self.partial_rotary_factor)
+        if dim <= 0 or dim % 2:
+            raise ValueError(
+                "Rotary embeddings rotate pairs of features: the rotated width "
+                "int(head_dim * partial_rotary_factor) must be even and positive. Received: "
+                f"head_dim={head_dim}, partial_rotary_factor={self.partial_rotary_factor}")
+        return dim
 
     def options(self):
         """The spec as `AttentionOptions` fields (`rope_` + each name; `rope_type` as is)."""
@@ -286,9 +311,6 @@ class RopeSpec:
         if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not (
                 theta > 0 and math.isfinite(theta)):
             refuse("rope_theta", theta, "the RoPE base must be a positive, finite number")
-        partial = params.pop("partial_rotary_factor", None)
-        if partial not in (None, 1, 1.0):
-            refuse("partial_rotary_factor", partial, "RoPE over the whole head only")
         kind = ROPE_TYPES[rope_type]
         for key in params:
             if key not in kind.parameters:

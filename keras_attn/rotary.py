@@ -85,7 +85,7 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
                      beta_fast: float = 32.0, beta_slow: float = 1.0,
                      attention_factor: float | None = None, mscale: float | None = None,
                      mscale_all_dim: float | None = None, truncate: bool = True,
-                     feature_axis: int = -1) -> Tensor:
+                     feature_axis: int = -1, partial_rotary_factor: float = 1.0) -> Tensor:
     """Rotate the features of `x` (its last axis by default) by their positions.
 
     Args:
@@ -123,6 +123,9 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
         feature_axis: the axis of `x` that holds the d rotated features
             (any axis other than `sequence_axis`; negative counts from the
             end).
+        partial_rotary_factor: rotate the leading `int(d * factor)` features
+            only (even), with the frequencies of that width; the rest pass
+            unchanged (transformers' `partial_rotary_factor`; 1: all).
 
     Returns:
         A tensor of the shape and dtype of `x`.
@@ -143,7 +146,8 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
                  "original_max_position_embeddings": original_max_position_embeddings,
                  "beta_fast": beta_fast, "beta_slow": beta_slow,
                  "attention_factor": attention_factor, "mscale": mscale,
-                 "mscale_all_dim": mscale_all_dim, "truncate": truncate}
+                 "mscale_all_dim": mscale_all_dim, "truncate": truncate,
+                 "partial_rotary_factor": partial_rotary_factor}
     if rope_type in ("default", "linear") and not (
             _is_number(max_wavelength) and _is_number(scaling_factor)):
         rope = _TensorRope(max_wavelength, scaling_factor, bool(interleaved))
@@ -175,6 +179,13 @@ def apply_rope(x, rope, positions=None, start_index=0, *, sequence_axis=1, featu
             sequence_axis=sequence_axis - 1 if sequence_axis > feature_axis else sequence_axis)
         return ops.moveaxis(rotated, -1, feature_axis)
     interleaved = rope.interleaved
+    if isinstance(rope, RopeSpec) and rope.partial_rotary_factor != 1.0:
+        rotated = rope.rotary_dim(dim)
+        if rotated < dim:  # the leading slice rotates as a head that wide; the rest passes
+            head, tail = x[..., :rotated], x[..., rotated:]  # (..., r), (..., d - r)
+            whole = dataclasses.replace(rope, partial_rotary_factor=1.0)
+            return ops.concatenate([apply_rope(head, whole, positions, start_index,
+                                               sequence_axis=sequence_axis), tail], axis=-1)
     compute = softmax_dtype(x.dtype)  # float32 at least
     if positions is None:
         length = ops.shape(x)[sequence_axis]
@@ -274,6 +285,8 @@ class RotaryEmbedding(keras.layers.Layer):
         feature_axis: the axis of the input that holds the d rotated
             features (keras-hub's; default -1, the last). Any axis other than
             `sequence_axis`: the features are rotated as if moved last.
+        partial_rotary_factor: rotate the leading `int(d * factor)` features
+            only (transformers' name; 1: all).
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -310,7 +323,8 @@ class RotaryEmbedding(keras.layers.Layer):
                  beta_fast: float = 32.0, beta_slow: float = 1.0,
                  attention_factor: float | None = None, mscale: float | None = None,
                  mscale_all_dim: float | None = None, truncate: bool = True,
-                 feature_axis: int = -1, **kwargs) -> None:
+                 feature_axis: int = -1, partial_rotary_factor: float = 1.0,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.sequence_axis = _check_int("sequence_axis", sequence_axis)
         self.feature_axis = _check_int("feature_axis", feature_axis)
@@ -324,7 +338,8 @@ class RotaryEmbedding(keras.layers.Layer):
             high_freq_factor=high_freq_factor,
             original_max_position_embeddings=original_max_position_embeddings,
             beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=attention_factor,
-            mscale=mscale, mscale_all_dim=mscale_all_dim, truncate=truncate)
+            mscale=mscale, mscale_all_dim=mscale_all_dim, truncate=truncate,
+            partial_rotary_factor=partial_rotary_factor)
         self.supports_masking = True
         self.built = True
 

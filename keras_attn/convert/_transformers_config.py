@@ -156,10 +156,19 @@ def check_fields(config, family, fields):
                 "config if it does")
 
 
-def _rope(params, where, max_positions):
+def _rope(params, where, max_positions, *, partial_rotary=False):
     """AttentionOptions RoPE fields from one `rope_parameters` dict (named `where` in errors):
     `keras_attn.rope.RopeSpec.from_rope_parameters`, flat (`rope_max_wavelength`,
-    `rope_type` and the fields that differ from their defaults)."""
+    `rope_type` and the fields that differ from their defaults).
+
+    `partial_rotary`: the family's modeling rotates a leading slice of each head
+    (`partial_rotary_factor`: Phi-3, GLM-4); elsewhere a factor other than 1 is refused,
+    as those modelings rotate the whole head whatever the config says.
+    """
+    partial = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
+    if not partial_rotary and partial not in (None, 1, 1.0):
+        _refuse(f"{where}['partial_rotary_factor']", partial,
+                "this family's modeling rotates the whole head")
     spec = RopeSpec.from_rope_parameters(params, max_position_embeddings=max_positions,
                                          where=where)
     defaults = RopeSpec(max_wavelength=spec.max_wavelength).options()

@@ -160,6 +160,12 @@ CASES = (
           "rope_scaling_factor": 4.0, "rope_beta_fast": 4.0, "rope_beta_slow": 0.5,
           "rope_original_max_position_embeddings": 32},
          {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    Case("mha_rope_partial_interleaved", "mha",
+         "MultiHeadAttention: partial rotary (factor 0.5: 4 of 8 features, interleaved, as "
+         "GLM-4), causal",
+         {"num_heads": 2, "key_dim": 8, "rope_max_wavelength": 100.0,
+          "rope_partial_rotary_factor": 0.5, "rope_interleaved": True},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
     Case("mha_window_qk_layer_soft_cap", "mha",
          "MultiHeadAttention: two-sided window W=2, qk-norm layer, soft-cap 2, cross-attention",
          {"num_heads": 2, "key_dim": 4, "sliding_window": 2, "qk_norm": "layer",

@@ -69,7 +69,7 @@ def rope_inverse_frequencies(d, max_wavelength=10000.0, scaling_factor=1.0, rope
 
 
 def rotary_embedding(x, positions, max_wavelength=10000.0, scaling_factor=1.0,
-                     interleaved=False, **rope):
+                     interleaved=False, partial_rotary_factor=1.0, **rope):
     """Rotary position embedding (RoPE) of `x` `(..., L, d)` at `positions` `(L,)`.
 
     theta_i = max_wavelength^(-2i/d) / scaling_factor for i < d/2 (other
@@ -77,10 +77,16 @@ def rotary_embedding(x, positions, max_wavelength=10000.0, scaling_factor=1.0,
     position p is p * theta_i, and cos and sin are multiplied by the type's
     attention factor (yarn). Half-split form (default): pairs (i, i + d/2),
     `x * cos + rotate_half(x) * sin` with `rotate_half(x) = concat(-x2, x1)`;
-    interleaved form: pairs (2i, 2i + 1).
+    interleaved form: pairs (2i, 2i + 1). `partial_rotary_factor` f < 1: only the
+    leading r = int(d * f) features rotate, as a head r wide; the others pass.
     """
     x = np.asarray(x, np.float64)
     d = x.shape[-1]
+    r = int(d * partial_rotary_factor)
+    if r < d:
+        head = rotary_embedding(x[..., :r], positions, max_wavelength, scaling_factor,
+                                interleaved, **rope)
+        return np.concatenate([head, x[..., r:]], axis=-1)
     theta, factor = rope_inverse_frequencies(d, max_wavelength, scaling_factor, **rope)
     angle = np.asarray(positions, np.float64)[..., None] * theta  # (..., L, d/2)
     cos, sin = np.cos(angle) * factor, np.sin(angle) * factor

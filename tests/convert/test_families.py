@@ -75,14 +75,27 @@ def test_ablation_moves_the_logits(converted, name):
     ("qwen3", {"attention_bias": True, "tie_word_embeddings": True}),
     ("gemma2", {"attention_bias": True, "attn_logit_softcapping": None,
                 "final_logit_softcapping": None}),
+    ("phi3", {"partial_rotary_factor": 0.5}),  # Phi-4-mini's partial rotary (0.75 there)
 ])
 def test_config_variants_match_transformers(name, overrides):
-    """Biases on every projection, a tied head, no soft-caps: the logits still match."""
+    """Biases on every projection, a tied head, no soft-caps, partial rotary: the logits
+    still match (and the 16 greedy tokens, for partial rotary, with its ablation)."""
     model = fc.build_hf(name, **overrides)
     ids = fc.token_ids(name)
-    logits, _, _ = fc.hf_reference(model, ids, generate=False)
+    logits, tokens, margin = fc.hf_reference(model, ids, generate="partial_rotary_factor" in overrides)
     lm = convert.causal_lm_from_transformers(model)
     assert fc.relative_error(_logits(lm, ids), logits) <= fc.TOLERANCE
+    if tokens is not None:
+        assert margin > MIN_MARGIN
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(lm.generate(ids[:, :fc.P], max_length=fc.P + fc.NEW)),
+            tokens)
+        config = lm.get_config()
+        for block in config["blocks"]:  # the ablation: RoPE over the whole head
+            block["config"]["rope_partial_rotary_factor"] = 1.0
+        whole = CausalLM.from_config(config)
+        whole.set_weights(lm.get_weights())
+        assert fc.relative_error(_logits(whole, ids), logits) > 100 * fc.TOLERANCE
 
 
 @pytest.mark.parametrize("name", ["qwen2", "gemma2"])

@@ -65,6 +65,10 @@ def test_a_field_a_family_cannot_reproduce_is_refused_by_name():
     ({"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4,
                                                  "factor": 8.0}},
      r"rope_parameters\['low_freq_factor'\]"),
+    # Llama's modeling rotates the whole head: a partial factor there is refused.
+    ({"model_type": "llama", "rope_parameters": {"rope_theta": 1e4,
+                                                 "partial_rotary_factor": 0.5}},
+     r"rope_parameters\['partial_rotary_factor'\]"),
 ])
 def test_malformed_configs_are_refused_by_name(config, field):
     with pytest.raises(ValueError, match=rf"config field `{field}"):

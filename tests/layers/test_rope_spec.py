@@ -75,7 +75,7 @@ def test_from_rope_parameters_reads_transformers_keys():
     assert yarn.attention_factor == pytest.approx(0.1 * np.log(4.0) + 1)
     for params, where in (({"rope_theta": 1e4, "factor": 2.0}, "['factor']"),
                           ({"rope_type": "llama3", "rope_theta": 1e4, "factor": 2.0},
-                           "['original_max_position_embeddings']"),
+                           "['low_freq_factor']"),
                           ({"rope_type": "dynamic", "rope_theta": 1e4}, "['rope_type']"),
                           ({"rope_theta": -3.0}, "['rope_theta']")):
         with pytest.raises(ValueError, match=r"config field `rope_scaling\[" + where[1:]):

@@ -9,6 +9,8 @@ named otherwise passes its name). Nothing here branches on a family's name: what
 differs between families is in their modules, as arguments to these helpers.
 """
 
+from collections.abc import Mapping
+
 from keras_attn.convert._transformers_config import (
     ACTIVATIONS,
     LAYER_TYPES,
@@ -52,9 +54,14 @@ def core(config, *, activation_field="hidden_act", default_activation="silu",
         tie_word_embeddings=bool(config.get("tie_word_embeddings", tie_default)))
 
 
-def rope_of(config):
+def rope_of(config, *, partial_rotary=False):
     """The RoPE options (AttentionOptions fields) of a config with one `rope_parameters`
-    (or the older `rope_theta` / `rope_scaling`)."""
+    (or the older `rope_theta` / `rope_scaling`).
+
+    `partial_rotary`: the family rotates `partial_rotary_factor` of each head (read from
+    the RoPE parameters, or from the config's top level when they lack it, as
+    transformers' `setdefault` does).
+    """
     params = config.get("rope_parameters")
     if params is not None and config.get("rope_scaling") is not None:
         _refuse("rope_scaling", config["rope_scaling"],
@@ -62,10 +69,17 @@ def rope_of(config):
     if params is None:
         params = {"rope_theta": config.get("rope_theta", 10000.0),
                   **dict(config.get("rope_scaling") or {})}
-        return _rope(params, "rope_scaling", config.get("max_position_embeddings"))
-    if "rope_theta" in config and config["rope_theta"] != params.get("rope_theta"):
-        _refuse("rope_theta", config["rope_theta"], "it differs from rope_parameters['rope_theta']")
-    return _rope(params, "rope_parameters", config.get("max_position_embeddings"))
+        where = "rope_scaling"
+    else:
+        if "rope_theta" in config and config["rope_theta"] != params.get("rope_theta"):
+            _refuse("rope_theta", config["rope_theta"],
+                    "it differs from rope_parameters['rope_theta']")
+        where = "rope_parameters"
+    if partial_rotary and isinstance(params, Mapping) and config.get(
+            "partial_rotary_factor") is not None:
+        params = {"partial_rotary_factor": config["partial_rotary_factor"], **params}
+    return _rope(params, where, config.get("max_position_embeddings"),
+                 partial_rotary=partial_rotary)
 
 
 def window_of(config, field="sliding_window"):

@@ -1,6 +1,7 @@
 """`model_type="phi3"` (Phi-3, Phi-4-mini) with the default RoPE: the fused `qkv_proj`
 (rows: H*d queries, then H_kv*d keys, then H_kv*d values) and `gate_up_proj` (F gate
 rows, then F up rows) are split on load and cross-checked against the config.
+`partial_rotary_factor` (Phi-4-mini's 0.75) rotates the leading slice of each head.
 `longrope` (Phi-3's long-context variants: per-frequency factor lists) is refused."""
 
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ from keras_attn.convert.families import _shared
 MODEL_TYPE = "phi3"
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "sliding_window",
-                                   "original_max_position_embeddings"),
+                                   "original_max_position_embeddings", "partial_rotary_factor"),
     "neutral": {},
     "ignored": {"resid_pdrop": "dropout while training only (inference: identity)",
                 "embd_pdrop": "dropout while training only (inference: identity)"},
@@ -38,7 +39,7 @@ def spec(config):
     return ModelSpec(
         **core, qkv_bias=False, output_bias=False, mlp_bias=False, qk_norm=False,
         final_logit_soft_cap=None,
-        layers=_shared.layer_specs(core["num_layers"], _shared.rope_of(config),
+        layers=_shared.layer_specs(core["num_layers"], _shared.rope_of(config, partial_rotary=True),
                                    windows=[window] * core["num_layers"]))
 
 
