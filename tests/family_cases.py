@@ -96,6 +96,10 @@ CASES = {
                                       tie_word_embeddings=True),
                 13, ("RoPE in every block (no_rope_layers ignored)", "config",
                      {"where": "all", "rope_max_wavelength": 1e4})),
+    "glm4": ("Glm4Config", dict(num_hidden_layers=2, head_dim=16, partial_rotary_factor=0.5,
+                                tie_word_embeddings=False),
+             14, ("RoPE over the whole head (partial_rotary_factor ignored)", "config",
+                  {"where": "all", "rope_partial_rotary_factor": 1.0})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,

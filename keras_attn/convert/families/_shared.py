@@ -22,7 +22,7 @@ from keras_attn.convert._transformers_config import (
 )
 
 __all__ = ["checked_layer_types", "core", "every_nth_full", "layer_specs", "layer_types",
-           "refuse", "rope_of", "sliding_from", "sliding_windows", "window_of"]
+           "refuse", "rope_of", "sliding_from", "sliding_windows", "split_gate_up", "window_of"]
 
 refuse = _refuse
 # The fields `core` reads (each family lists them with its own in FIELDS["read"]).
@@ -133,3 +133,26 @@ def layer_specs(num_layers, rope, *, windows=None, uses_rope=None, **attention):
         options.update(attention)
         specs.append(LayerSpec(options))
     return specs
+
+
+def split_gate_up(entries, intermediate_dim):
+    """Every fused `mlp.gate_up_proj.weight` `(2F, D)` of `entries` (a dict) split into
+    `gate_proj` and `up_proj` `(F, D)`, as transformers' `chunk(2)` (Phi-3, GLM-4), the
+    row count cross-checked against `intermediate_size`."""
+    import numpy as np
+
+    from keras_attn.convert import _common
+
+    F = intermediate_dim
+    for key in [k for k in entries if isinstance(k, str)]:
+        if key.endswith("mlp.gate_up_proj.weight"):
+            prefix = key[:-len("gate_up_proj.weight")]
+            part = _common.to_numpy(entries.pop(key), f"state_dict entry {key!r}")
+            if part.ndim != 2 or part.shape[0] != 2 * F:
+                raise ValueError(
+                    f"The config and the weights disagree: intermediate_size={F} (2 * F = "
+                    f"{2 * F}) give {2 * F} rows for state_dict entry {key!r}, which has shape "
+                    f"{_common.shape_text(part.shape)}.")
+            gate, up = np.split(part, 2, axis=0)
+            entries.update({prefix + "gate_proj.weight": gate, prefix + "up_proj.weight": up})
+    return entries

@@ -57,13 +57,7 @@ def canonical_state_dict(entries, spec):
             q, k, v = np.split(part, np.cumsum(sizes)[:-1], axis=0)
             entries.update({prefix + "q_proj.weight": q, prefix + "k_proj.weight": k,
                             prefix + "v_proj.weight": v})
-        elif key.endswith("mlp.gate_up_proj.weight"):
-            prefix = key[:-len("gate_up_proj.weight")]
-            part = _common.to_numpy(entries.pop(key), f"state_dict entry {key!r}")
-            _check_rows(key, part, (F, F), f"intermediate_size={F} (2 * F = {2 * F})")
-            gate, up = np.split(part, 2, axis=0)
-            entries.update({prefix + "gate_proj.weight": gate, prefix + "up_proj.weight": up})
-    return entries
+    return _shared.split_gate_up(entries, F)
 
 
 def _check_rows(key, array, sizes, fields):
