@@ -193,6 +193,7 @@ def scaled_dot_product_attention(
     implementation="auto",
     sliding_window=None,
     logit_soft_cap=None,
+    sinks=None,
 ):
     """Scaled dot-product attention, `softmax(q k^T * scale + bias) v`.
 
@@ -254,6 +255,12 @@ def scaled_dot_product_attention(
             outside the window: its cost grows like T * W.
         logit_soft_cap: c > 0, or None: the logits `q k^T * scale` become
             `c * tanh(logits / c)` before the bias and masks (Gemma 2).
+        sinks: optional float tensor `(H,)`, one logit per query head (axis -3
+            of `(..., H, T, d_k)`) that joins every softmax's denominator and
+            attends nothing: weights `exp(s_j) / (exp(sink) + sum_k exp(s_k))`
+            (gpt-oss's `sinks`, "attention sinks"). The fused path takes them
+            exactly as one more key, of zero key and value, whose bias is the
+            sink; the blockwise path does not yet (`auto` avoids it).
 
     Returns:
         The output `(..., T, d_v)` in the dtype of `value`, and, with
@@ -275,21 +282,38 @@ def scaled_dot_product_attention(
     mask = as_bool_mask("mask", mask)
     if scale is None:
         scale = 1.0 / math.sqrt(static_shape(query)[-1])
+    if sinks is not None:
+        sinks = _checked_sinks(sinks, query)
     spec = KernelSpec(is_causal=bool(is_causal), scale=float(scale),
                       sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
-                      dropout_rate=float(dropout_rate), seed=seed, training=bool(training))
+                      dropout_rate=float(dropout_rate), seed=seed, training=bool(training),
+                      sinks=sinks is not None)
     needs_weights = bool(return_attention_scores) or bool(training and dropout_rate > 0.0)
     path = select_implementation(
         implementation, backend=keras.backend.backend(), lead=score_lead(query, key),
         T=static_shape(query)[-2], S=static_shape(key)[-2], has_mask=mask is not None,
         has_bias=bias is not None, is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
         has_window=sliding_window is not None, unfusable=spec.unfusable,
-        device=device_kind(query), mode=execution_mode())
-    return attend(path, query, key, value, mask, bias, spec=spec,
+        has_sinks=spec.sinks, device=device_kind(query), mode=execution_mode())
+    return attend(path, query, key, value, mask, bias, spec=spec, sinks=sinks,
                   return_attention_scores=return_attention_scores)
 
 
-def attend(path, query, key, value, mask=None, bias=None, *, spec=None,
+def _checked_sinks(sinks, query):
+    """`sinks` as a floating tensor of shape `(H,)`, H the query's axis -3."""
+    shape = static_shape(query)
+    heads = shape[-3] if len(shape) >= 3 else None
+    sinks = ops.convert_to_tensor(sinks)
+    floating = "float" in keras.backend.standardize_dtype(sinks.dtype)
+    if heads is None or tuple(static_shape(sinks)) != (heads,) or not floating:
+        raise ValueError(
+            "`sinks` must be a floating tensor with one logit per query head, of shape "
+            f"(H,) for a query (..., H, T, d_k). Received: sinks.shape={static_shape(sinks)} "
+            f"({keras.backend.standardize_dtype(sinks.dtype)}) for query.shape={shape}")
+    return sinks
+
+
+def attend(path, query, key, value, mask=None, bias=None, *, spec=None, sinks=None,
            return_attention_scores=False, **fields):
     """Run the chosen `path` on `(..., L, d)` tensors (already validated).
 
@@ -297,10 +321,10 @@ def attend(path, query, key, value, mask=None, bias=None, *, spec=None,
     query (grouped heads). Empty sequences (`T == 0` or `S == 0`) are
     answered here, whatever the path. `spec`: the `KernelSpec` of the call, or
     its fields by keyword (`is_causal=True, sliding_window=8`; the scale then
-    defaults to 1.0).
+    defaults to 1.0). `sinks`: `(H,)` sink logits, with `spec.sinks`.
     """
     if spec is None:
-        spec = KernelSpec(**fields)
+        spec = KernelSpec(**fields, sinks=sinks is not None)
     elif fields:
         raise TypeError(f"Pass a KernelSpec or its fields, not both. Received: {sorted(fields)}")
     T, S = static_shape(query)[-2], static_shape(key)[-2]
@@ -317,11 +341,15 @@ def attend(path, query, key, value, mask=None, bias=None, *, spec=None,
     if not spec.drops:
         program = compiled(_attend, {**settings, "spec": spec.inference()}, _kernels_in_use())
         if program is not None:
-            return program(query, key, value, mask, bias)
-    return _attend(query, key, value, mask, bias, spec=spec, **settings)
+            return program(query, key, value, mask, bias, sinks)
+    return _attend(query, key, value, mask, bias, sinks, spec=spec, **settings)
 
 
-def _attend(query, key, value, mask, bias, *, spec, path, return_attention_scores, block_size):
+def _attend(query, key, value, mask, bias, sinks=None, *, spec, path, return_attention_scores,
+            block_size):
+    if spec.sinks != (sinks is not None):
+        raise ValueError("`spec.sinks` says whether sink logits are passed. "
+                         f"Received: spec.sinks={spec.sinks}, sinks={sinks!r}")
     group = group_size(query, key)
     T, S = static_shape(query)[-2], static_shape(key)[-2]
     if group > 1 and (path == "fused" or 0 in (T, S)):  # the others zero dead keys first
@@ -331,7 +359,7 @@ def _attend(query, key, value, mask, bias, *, spec, path, return_attention_score
         return empty_attention(query, key, value, return_attention_scores)
     if path == "fused":
         (query, key, value), lead = broadcast_lead([query, key, value])
-        return fused_attention(query, key, value, mask, bias, spec, lead=lead)
+        return fused_attention(query, key, value, mask, bias, spec, lead=lead, sinks=sinks)
     allowed = mask
     if bias is not None:
         allowed = combine_masks(mask, ops.greater(bias, float("-inf")))
@@ -339,15 +367,19 @@ def _attend(query, key, value, mask, bias, *, spec, path, return_attention_score
     # heads without repeating the keys and values.
     key, value = zero_unattended_keys(key, value, allowed, key_axis=-2, group=group)
     if path == "blockwise":
+        if sinks is not None:  # the policy routes sinks elsewhere; a forced path is refused
+            raise ValueError("The blockwise path does not take attention sinks yet; use "
+                             "implementation='auto', 'fused' or 'explicit'. Received: "
+                             "implementation='blockwise' with sinks")
         return blockwise_attention(query, key, value, mask=mask, bias=bias, spec=spec,
                                    block_size=block_size)
-    return explicit_attention(query, key, value, mask, bias, spec,
+    return explicit_attention(query, key, value, mask, bias, spec, sinks=sinks,
                               return_attention_scores=return_attention_scores)
 
 
 def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
                  implementation="auto", dropout_rate=0.0, seed=None, training=False,
-                 return_attention_scores=False, cached=False, window_in_mask=False):
+                 return_attention_scores=False, cached=False, window_in_mask=False, sinks=None):
     """The attention of projected heads in the layers' `(B, L, heads, d)` layout.
 
     What `keras_attn.MultiHeadAttention` calls: the policy picks the path for
@@ -363,6 +395,7 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
         window_in_mask: the window is folded into `mask` already (a call over
             a cache): the kernel applies none.
         mask: bool broadcastable to `(B, H, T, S)`, or None.
+        sinks: `(H,)` sink logits (the layer's `sinks` weight), or None.
         implementation: a path's name, or a callable with the signature of
             `scaled_dot_product_attention` (flax's `attention_fn`): it gets
             heads-first `(B, H, T, d_k)` queries and `(B, H_kv, S, d)` keys
@@ -378,13 +411,16 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
     training = bool(training)
     spec = kernel_spec(options, is_causal=is_causal, scale=options.scale or 1.0 / math.sqrt(d_k),
                        dropout_rate=dropout_rate, seed=seed, training=training,
-                       sliding_window=None if window_in_mask else "options")
+                       sliding_window=None if window_in_mask else "options",
+                       sinks=sinks is not None)
     if callable(implementation):
         # A user's function takes scaled_dot_product_attention's keywords (public names).
         keywords = dict(mask=mask, is_causal=spec.is_causal, scale=spec.scale,
                         dropout_rate=spec.dropout_rate, seed=spec.seed, training=spec.training,
                         return_attention_scores=bool(return_attention_scores),
                         sliding_window=spec.sliding_window, logit_soft_cap=spec.logit_soft_cap)
+        if sinks is not None:  # only when set: a function written before sinks keeps working
+            keywords["sinks"] = sinks
         query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
         return (*_attention_fn_result(implementation, implementation(query, key, value, **keywords),
                                       return_attention_scores), True)
@@ -392,16 +428,16 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
         implementation, lead=(B, H), T=T, S=S, has_mask=mask is not None, has_bias=False,
         is_causal=is_causal, needs_weights=bool(return_attention_scores) or spec.drops,
         symbolic=isinstance(query, keras.KerasTensor), has_window=spec.sliding_window is not None,
-        unfusable=spec.unfusable, device=device_kind(query),
+        unfusable=spec.unfusable, device=device_kind(query), has_sinks=spec.sinks,
         cached=cached, backend=keras.backend.backend(), mode=execution_mode())
     if path == "fused" and 0 not in (T, S):
         # Keras's (B, T, H, d) layout: no transposes on our side.
         program = compiled(_fused_bthd, {"spec": spec.inference()}, _kernels_in_use())
         if program is not None:
-            return program(query, key, value, mask), None, False
-        return _fused_bthd(query, key, value, mask, spec=spec), None, False
+            return program(query, key, value, mask, sinks), None, False
+        return _fused_bthd(query, key, value, mask, sinks, spec=spec), None, False
     query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
-    attended = attend(path, query, key, value, mask, spec=spec,
+    attended = attend(path, query, key, value, mask, spec=spec, sinks=sinks,
                       return_attention_scores=return_attention_scores)
     attended, scores = attended if return_attention_scores else (attended, None)
     return attended, scores, True
@@ -412,9 +448,9 @@ def _kernels_in_use():
     return (explicit_attention, fused_attention, fused_attention_bthd, blockwise_attention)
 
 
-def _fused_bthd(query, key, value, mask, *, spec):
+def _fused_bthd(query, key, value, mask, sinks=None, *, spec):
     return fused_attention_bthd(query, key, value, mask=mask, is_causal=spec.is_causal,
-                                scale=spec.scale, sliding_window=spec.sliding_window)
+                                scale=spec.scale, sliding_window=spec.sliding_window, sinks=sinks)
 
 
 def _attention_fn_result(fn, result, return_attention_scores):

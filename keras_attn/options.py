@@ -74,6 +74,10 @@ class AttentionOptions:
             `torch.nn.functional.scaled_dot_product_attention` and
             `keras.ops.dot_product_attention` (Gemma's
             `query_pre_attn_scalar ** -0.5`).
+        use_sinks: attention sinks (gpt-oss): `MultiHeadAttention` gets a
+            weight `sinks` `(H,)`, one logit per query head that joins every
+            softmax's denominator and attends nothing (zeros at first;
+            `keras_attn.scaled_dot_product_attention`'s `sinks`).
 
     Example:
 
@@ -106,6 +110,7 @@ class AttentionOptions:
     rope_mscale_all_dim: float | None = None
     rope_truncate: bool = True
     rope_partial_rotary_factor: float = 1.0
+    use_sinks: bool = False
 
     def __post_init__(self):
         checked = {
@@ -117,6 +122,7 @@ class AttentionOptions:
                 "logit_soft_cap", self.logit_soft_cap, allow_none=True),
             "qk_norm_epsilon": check_positive_float("qk_norm_epsilon", self.qk_norm_epsilon),
             "scale": check_positive_float("scale", self.scale, allow_none=True),
+            "use_sinks": bool(self.use_sinks),
         }
         # The rope_* fields are a RopeSpec's, flat (their saved form), checked as one.
         rope = _rope.check_rope({name: getattr(self, name if name == "rope_type" else f"rope_{name}")
@@ -206,6 +212,9 @@ class KernelSpec:
         dropout_rate: dropout of the weights while `training`.
         seed: the dropout's seed (an int, a `keras.random.SeedGenerator`, or None).
         training: whether dropout applies.
+        sinks: a sink logit per query head enters every softmax's denominator
+            (gpt-oss's `sinks`; the values travel beside the tensors, as a
+            `(H,)` tensor, since they are a layer's weights).
     """
 
     is_causal: bool = False
@@ -215,6 +224,7 @@ class KernelSpec:
     dropout_rate: float = 0.0
     seed: object = None
     training: bool = False
+    sinks: bool = False
 
     # The fields that transform the logits `q . k * scale` elementwise, applied in that
     # order by `keras_attn._kernels.common.transform_logits` on the explicit and
@@ -245,7 +255,7 @@ class KernelSpec:
 
 
 def kernel_spec(options, *, is_causal=False, scale, dropout_rate=0.0, seed=None,
-                training=False, sliding_window="options"):
+                training=False, sliding_window="options", sinks=False):
     """The `KernelSpec` of `options` (an `AttentionOptions`) for one call.
 
     `scale` is resolved by the caller (`options.scale` or `1 / sqrt(d_k)`);
@@ -254,6 +264,6 @@ def kernel_spec(options, *, is_causal=False, scale, dropout_rate=0.0, seed=None,
     return KernelSpec(
         is_causal=bool(is_causal), scale=float(scale),
         sliding_window=options.sliding_window if sliding_window == "options" else sliding_window,
-        dropout_rate=float(dropout_rate), seed=seed, training=bool(training),
+        dropout_rate=float(dropout_rate), seed=seed, training=bool(training), sinks=bool(sinks),
         # Every logit transform is an AttentionOptions field of the same name.
         **{name: getattr(options, name) for name in KernelSpec.LOGIT_TRANSFORMS})

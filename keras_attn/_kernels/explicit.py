@@ -21,11 +21,13 @@ __all__ = ["explicit_attention"]
 KEY_MAJOR_ROWS = 16
 
 
-def _masked_softmax(logits, allowed):
+def _masked_softmax(logits, allowed, sinks=None):
     """Softmax over the last axis restricted to `allowed` keys.
 
-    A row with no allowed key (all masked, or all -inf bias) gets all-zero
-    weights. Disallowed logits become -inf, so they contribute exp(-inf) = 0
+    `sinks` (broadcastable to `(..., 1)`): one more logit per row in the
+    denominator only (gpt-oss's attention sinks), `exp(s_j) / (exp(sink) +
+    sum_k exp(s_k))`. A row with no allowed key (all masked, or all -inf bias)
+    gets all-zero weights. Disallowed logits become -inf, so they contribute exp(-inf) = 0
     and receive zero gradient; the row maximum is replaced by 0 where it is
     -inf so that no `-inf - -inf = NaN` appears, forward or backward.
     """
@@ -35,19 +37,25 @@ def _masked_softmax(logits, allowed):
     # are above it and unchanged.
     lowest = float(np.finfo(keras.backend.standardize_dtype(logits.dtype)).min)
     row_max = ops.maximum(ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)), lowest)
+    if sinks is not None:
+        row_max = ops.maximum(row_max, ops.stop_gradient(sinks))
     unnormalized = ops.exp(logits - row_max)
     # A row with an allowed key sums to >= 1 (its maximum contributes
     # exp(0)), so the floor of 0.5 only turns an empty row's 0 / 0 into
     # 0 / 0.5 = 0: it never ties with a real sum (a tie would split the
     # gradient), and 0.5**2 in the quotient's gradient cannot underflow.
-    total = ops.maximum(ops.sum(unnormalized, axis=-1, keepdims=True), 0.5)
-    return unnormalized / total
+    total = ops.sum(unnormalized, axis=-1, keepdims=True)
+    if sinks is not None:  # the row maximum is the sink's or a logit's: total >= 1
+        total = total + ops.exp(sinks - row_max)
+    return unnormalized / ops.maximum(total, 0.5)
 
 
-def explicit_attention(query, key, value, mask, bias, spec, *, return_attention_scores=False):
+def explicit_attention(query, key, value, mask, bias, spec, *, sinks=None,
+                       return_attention_scores=False):
     """Materialised logits and weights `(..., T, S)`; softmax in float32 at least.
 
-    `spec`: the `keras_attn.options.KernelSpec` (causal, scale, window, soft-cap, dropout).
+    `spec`: the `keras_attn.options.KernelSpec` (causal, scale, window, soft-cap, dropout);
+    `sinks`: `(H,)` sink logits (with `spec.sinks`), or None.
     """
     is_causal, scale, sliding_window = spec.is_causal, spec.scale, spec.sliding_window
     compute = softmax_dtype(query.dtype)
@@ -76,7 +84,9 @@ def explicit_attention(query, key, value, mask, bias, spec, *, return_attention_
         logits = logits + ops.cast(bias, compute)
     allowed = combine_masks(
         mask, positional_mask(ops.shape(query)[-2], ops.shape(key)[-2], is_causal, sliding_window))
-    weights = ops.cast(_masked_softmax(logits, allowed), value.dtype)  # (..., T, S)
+    if sinks is not None:
+        sinks = ops.reshape(ops.cast(sinks, compute), (-1, 1, 1))  # (H, 1, 1)
+    weights = ops.cast(_masked_softmax(logits, allowed, sinks), value.dtype)  # (..., T, S)
     attended = weights
     if spec.drops:
         attended = keras.random.dropout(weights, spec.dropout_rate, seed=spec.seed)

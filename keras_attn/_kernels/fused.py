@@ -51,7 +51,7 @@ def _kernel_keeps_half_precision(x):
 
 
 def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=False,
-                         scale=None, sliding_window=None):
+                         scale=None, sliding_window=None, sinks=None):
     """`keras.ops.dot_product_attention` with keras_attn's mask semantics.
 
     Layout `(B, T, H, d)` (heads after time, as `keras.ops.dot_product_attention`
@@ -67,6 +67,9 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
     query's (grouped heads) are repeated to match.
     Half precision runs the kernel in float32 unless it is a GPU kernel that
     accumulates in float32 (`_kernel_keeps_half_precision`).
+    `sinks` `(H,)`: attention sinks, exactly, as one more key after the others
+    whose key and value are zero and whose bias is the head's sink (its logit
+    `0 * scale + sink`); every row may attend it, so no row is empty.
 
     Returns:
         `(B, T, H, d_v)` in the dtype of `value`.
@@ -84,13 +87,13 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
         query, key = (ops.pad(x, pad + [[0, width - d_k]]) for x in (query, key))
         value = ops.pad(value, pad + [[0, width - d_v]])
         output = fused_attention_bthd(query, key, value, mask, bias, is_causal=is_causal,
-                                      scale=scale, sliding_window=sliding_window)
+                                      scale=scale, sliding_window=sliding_window, sinks=sinks)
         return ops.cast(output[..., :d_v], out_dtype)
     heads, kv_heads = static_shape(query)[2], static_shape(key)[2]
     group = heads // kv_heads if None not in (heads, kv_heads) else 1
     T, S = static_shape(query)[1], static_shape(key)[1]
     use_flag = (bool(is_causal) and sliding_window is None and mask is None and bias is None
-                and T is not None and T == S)
+                and sinks is None and T is not None and T == S)
     allowed = None if mask is None else to_rank(ops.cast(mask, "bool"), 4)
     if not use_flag:
         allowed = combine_masks(
@@ -106,9 +109,13 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
         key, value = zero_unattended_keys(key, value, allowed, key_axis=1, group=group)
     if group > 1:  # (B, S, H_kv, d) -> (B, S, H, d)
         key, value = (ops.repeat(x, group, axis=2) for x in (key, value))
+    if sinks is not None:
+        key, value, allowed, bias = _with_sink_key(query, key, value, allowed, bias, sinks)
+        keep = None  # every row may attend the sink
     if bias is not None:
         bias = ops.where(allowed, bias, _large_negative(query.dtype))
-        bias = ops.where(keep, bias, ops.zeros_like(bias))
+        if keep is not None:
+            bias = ops.where(keep, bias, ops.zeros_like(bias))
         output = ops.dot_product_attention(query, key, value, bias=bias, scale=scale)
     else:
         if keep is not None:
@@ -121,7 +128,24 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
     return ops.cast(output, out_dtype)
 
 
-def fused_attention(query, key, value, mask, bias, spec, *, lead):
+def _with_sink_key(query, key, value, allowed, bias, sinks):
+    """Keys and values `(B, S + 1, H, d)` with a zero one last, the mask and bias
+    `(B, H, T, S + 1)` that allow it everywhere with the head's sink as its logit."""
+    B, T, H = ops.shape(query)[0], ops.shape(query)[1], ops.shape(query)[2]
+    S = ops.shape(key)[1]
+    zero_key = ops.zeros_like(key[:, :1])  # (B, 1, H, d_k)
+    key = ops.concatenate([key, zero_key], axis=1)
+    value = ops.concatenate([value, ops.zeros_like(value[:, :1])], axis=1)
+    full = (B, H, T, S)
+    allowed = ops.ones(full, "bool") if allowed is None else ops.broadcast_to(allowed, full)
+    allowed = ops.concatenate([allowed, ops.ones((B, H, T, 1), "bool")], axis=-1)
+    bias = ops.zeros(full, query.dtype) if bias is None else ops.broadcast_to(bias, full)
+    column = ops.broadcast_to(ops.reshape(ops.cast(sinks, query.dtype), (1, -1, 1, 1)),
+                              (B, H, T, 1))
+    return key, value, allowed, ops.concatenate([bias, column], axis=-1)
+
+
+def fused_attention(query, key, value, mask, bias, spec, *, lead, sinks=None):
     """The fused path for the `(..., T, d)` layout of the functional core.
 
     `query`, `key`, `value` already share the leading dims `lead`; `spec` is the
@@ -153,8 +177,11 @@ def fused_attention(query, key, value, mask, bias, spec, *, lead):
     else:
         query, key, value = (to_rank(x, 4) for x in (query, key, value))
     q, k, v = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, L, H, d)
+    if sinks is not None and n != 2:
+        raise ValueError("Attention sinks need (B, H, T, d) queries (one sink per head). "
+                         f"Received: query.shape={static_shape(query)}")
     out = fused_attention_bthd(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                               sliding_window=sliding_window)
+                               sliding_window=sliding_window, sinks=sinks)
     out = ops.swapaxes(out, 1, 2)  # (B, H, T, d_v)
     if n > 2:
         return ops.reshape(out, tuple(lead) + (T, d_v))

@@ -228,6 +228,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_dense = projection.dense(self, self.output_dim or query_shape[-1],
                                              "output_dense", use_bias=self.output_use_bias)
         self.output_dense.build(query_shape[:-1] + (H * d_v,))
+        if self.use_sinks:  # gpt-oss's and keras-hub's `sinks`: a logit per query head
+            self.sinks = self.add_weight(name="sinks", shape=(H,), initializer="zeros")
         self.built = True
 
     def call(self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None,
@@ -305,7 +307,7 @@ class MultiHeadAttention(keras.layers.Layer):
             q, k, v, self.options, mask=mask, is_causal=is_causal, window_in_mask=window is None,
             implementation=self.implementation, dropout_rate=self.dropout,
             seed=self.seed_generator, training=training, return_attention_scores=return_scores,
-            cached=cached)
+            cached=cached, sinks=ops.convert_to_tensor(self.sinks) if self.use_sinks else None)
 
     def _project(self, query, key, value, cached=False, read_only=False):
         """`(q, k, v)` in `(B, L, heads, d)` after qk-norm, and RoPE without a cache.

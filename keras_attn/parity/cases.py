@@ -166,6 +166,11 @@ CASES = (
          {"num_heads": 2, "key_dim": 8, "rope_max_wavelength": 100.0,
           "rope_partial_rotary_factor": 0.5, "rope_interleaved": True},
          {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    Case("mha_gqa_sinks_window", "mha",
+         "MultiHeadAttention: attention sinks (gpt-oss), GQA 4/2 heads, causal window W=3",
+         {"num_heads": 4, "key_dim": 2, "num_key_value_heads": 2, "use_sinks": True,
+          "sliding_window": 3},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
     Case("mha_window_qk_layer_soft_cap", "mha",
          "MultiHeadAttention: two-sided window W=2, qk-norm layer, soft-cap 2, cross-attention",
          {"num_heads": 2, "key_dim": 4, "sliding_window": 2, "qk_norm": "layer",
@@ -260,7 +265,7 @@ def _dense(prefix, n_in, n_out, bias=True):
 
 
 def _mha(prefix, q_dim, k_dim, v_dim, heads, key_dim, value_dim=None, output_dim=None,
-         bias=True, kv_heads=None, qk_norm=None, output_bias=None, gate=False):
+         bias=True, kv_heads=None, qk_norm=None, output_bias=None, gate=False, sinks=False):
     value_dim = value_dim or key_dim
     output_dim = output_dim or q_dim
     kv_heads = kv_heads or heads
@@ -277,6 +282,8 @@ def _mha(prefix, q_dim, k_dim, v_dim, heads, key_dim, value_dim=None, output_dim
     if qk_norm is not None:
         for part in LAYOUT["MultiHeadAttention"]["norms"]:
             shapes.update(_norm(p + part, key_dim, qk_norm))
+    if sinks:  # `use_sinks`: a logit per query head
+        shapes[p + "sinks"] = (heads,)
     return shapes
 
 
@@ -310,7 +317,7 @@ def weight_shapes(case):
         v = s.get("value", s.get("key", s["query"]))[-1]
         return _mha("", q, k, v, c["num_heads"], c["key_dim"], c.get("value_dim"),
                     c.get("output_dim"), bias, c.get("num_key_value_heads"), c.get("qk_norm"),
-                    c.get("output_use_bias"), c.get("use_gate", False))
+                    c.get("output_use_bias"), c.get("use_gate", False), c.get("use_sinks", False))
     if case.kind == "ffn":
         return _ffn("", s["inputs"][-1], c["intermediate_dim"], c.get("output_dim"), bias,
                     c.get("gated", False))
@@ -323,7 +330,8 @@ def weight_shapes(case):
     output_bias = attention_bias if output_bias is None else output_bias
     shapes = {**_mha("self_attention", d, d, d, c["num_heads"], head, output_dim=d,
                      bias=attention_bias, kv_heads=c.get("num_key_value_heads"),
-                     qk_norm=c.get("qk_norm"), output_bias=output_bias),
+                     qk_norm=c.get("qk_norm"), output_bias=output_bias,
+                     sinks=c.get("use_sinks", False)),
               **_norm("self_attention_norm", d, norm)}
     post = c.get("use_post_attention_norm", False)
     if post:

@@ -10,11 +10,12 @@ __all__ = ["LAYOUT"]
 
 # Layer kind -> its dense sublayers (`<part>_dense`), its norms (`<part>`,
 # LayerNormalization `gamma`/`beta` or RMSNormalization `scale`), or its
-# blocks (each a sublayer `<part>` plus a norm `<part>_norm`). Parts a layer
+# blocks (each a sublayer `<part>` plus a norm `<part>_norm`), or its own weights
+# (`<part>`: attention sinks). Parts a layer
 # was built without (a gate, qk norms, cross-attention) are skipped.
 LAYOUT = {
     "MultiHeadAttention": {"dense": ("query", "key", "value", "gate", "output"),
-                           "norms": ("query_norm", "key_norm")},
+                           "norms": ("query_norm", "key_norm"), "weights": ("sinks",)},
     "PositionwiseFeedForward": {"dense": ("gate", "intermediate", "output")},
     "TransformerEncoderLayer": {"blocks": ("self_attention", "feed_forward"),
                                 "norms": ("post_attention_norm", "post_feed_forward_norm")},

@@ -95,7 +95,7 @@ def sliding_window_mask(query_length, key_length, window, is_causal=True):
 
 def scaled_dot_product_attention(
     q, k, v, mask=None, bias=None, is_causal=False, scale=None, sliding_window=None,
-    logit_soft_cap=None,
+    logit_soft_cap=None, sinks=None,
 ):
     """softmax(cap(q k^T * scale) + bias) v over the allowed keys.
 
@@ -104,7 +104,9 @@ def scaled_dot_product_attention(
     head n // (H / H_kv)). `cap(x) = c * tanh(x / c)` with
     c = `logit_soft_cap`, applied before the bias and masks. Returns the
     output `(..., T, d_v)` and the weights `(..., T, S)`. A query with no
-    allowed key has all-zero weights and a zero output row.
+    allowed key has all-zero weights and a zero output row. `sinks` `(H,)`:
+    head h's logit joins each of its rows' denominators, attending nothing:
+    weight_j = exp(s_j) / (exp(sink_h) + sum over allowed k of exp(s_k)).
     """
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     if k.ndim >= 3 and q.ndim == k.ndim and k.shape[-3] != q.shape[-3] and k.shape[-3] != 1:
@@ -129,7 +131,12 @@ def scaled_dot_product_attention(
     weights = np.zeros(logits.shape)
     for index in np.ndindex(logits.shape[:-1]):
         row, keep = logits[index], allowed[index]
-        if keep.any():
+        if sinks is not None:  # index = (..., h, t): the head is the second to last
+            sink = float(np.asarray(sinks, np.float64)[index[-2]])
+            top = max(row[keep].max(), sink) if keep.any() else sink
+            e = np.exp(row[keep] - top)
+            weights[index][keep] = e / (e.sum() + np.exp(sink - top))
+        elif keep.any():
             e = np.exp(row[keep] - row[keep].max())
             weights[index][keep] = e / e.sum()
     return np.matmul(weights, v), weights
@@ -174,7 +181,7 @@ def multi_head_attention(
     is_causal=False, num_key_value_heads=None, rope_max_wavelength=None,
     rope_scaling_factor=1.0, rope_interleaved=False, sliding_window=None,
     logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None, rope_type="default",
-    **rope_parameters,
+    use_sinks=False, **rope_parameters,
 ):
     """Multi-head attention, paper Section 3.2.2, with today's options.
 
@@ -183,7 +190,7 @@ def multi_head_attention(
 
     params: dicts `query`, `key`, `value`, `output` (dense layers), and
     `query_norm`, `key_norm` with `qk_norm`, `gate` (on the query input) for
-    a gated output. Head h owns columns
+    a gated output, `sinks` `(H,)` with `use_sinks` (attention sinks). Head h owns columns
     `[h * d, (h + 1) * d)` of the projections; with H_kv =
     `num_key_value_heads` < H, query head n uses key/value head
     n // (H / H_kv). qk-norm, then RoPE, apply to each head's queries and
@@ -217,7 +224,7 @@ def multi_head_attention(
             mask = mask[:, None]  # (B, 1, T, S)
     out, weights = scaled_dot_product_attention(
         q, k, v, mask=mask, is_causal=is_causal, scale=scale, sliding_window=sliding_window,
-        logit_soft_cap=logit_soft_cap,
+        logit_soft_cap=logit_soft_cap, sinks=params["sinks"] if use_sinks else None,
     )
     B, H, T, d_v = out.shape
     out = out.transpose(0, 2, 1, 3).reshape(B, T, H * d_v)  # (B, T, H * d_v)

@@ -28,6 +28,9 @@ def named_variables(layer, prefix=""):
             out[f"{prefix}{part}/bias"] = dense.bias
     for part in LAYOUT[kind].get("norms", ()):
         out.update(_norm_variables(getattr(layer, part, None), f"{prefix}{part}/"))
+    for part in LAYOUT[kind].get("weights", ()):
+        if getattr(layer, part, None) is not None:  # built with it (`use_sinks`)
+            out[f"{prefix}{part}"] = getattr(layer, part)
     for part in LAYOUT[kind].get("blocks", ()):
         if getattr(layer, part, None) is None:  # a decoder built without memory
             continue
