@@ -309,7 +309,7 @@ def block_size_for(lead, T, S, banded=False, blocks=BLOCKS, sliding_window=None)
 def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_bias,
                           is_causal, needs_weights, symbolic, has_window=False,
                           has_soft_cap=False, device=None, cached=False, mode=None,
-                          unfusable=(), has_sinks=False):
+                          unfusable=()):
     """The path a call takes; the one place where `"auto"` is decided.
 
     The policy of `"auto"`, in order (the numbers are the row of `POLICY`
@@ -359,9 +359,6 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
             The fused kernel cannot soft-cap, so `auto` routes around it.
         device: `device_kind()` of the call; read when None.
         cached: the call attends over a key/value cache (a decode step).
-        has_sinks: attention sinks are set; the blockwise path does not take them
-            yet, so `auto` goes to the fused (explicit) path where it would pick
-            blockwise, and `"blockwise"` is a `ValueError`.
         mode: `execution_mode()` of the call ("eager", "graph", "xla"), which
             picks the row `"device/mode"` where the backend has one;
             None: the device's row.
@@ -378,10 +375,6 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
             f"The fused kernel (`keras.ops.dot_product_attention`) {what}; use "
             "implementation='auto', 'blockwise' or 'explicit'. "
             f"Received: implementation={implementation!r} with {', '.join(unfusable)}")
-    if implementation == "blockwise" and has_sinks:
-        raise ValueError(
-            "The blockwise path does not take attention sinks yet; use implementation='auto', "
-            "'fused' or 'explicit'. Received: implementation='blockwise' with sinks")
     if implementation == "blockwise" and (T is None or S is None):
         raise ValueError(
             "`implementation='blockwise'` needs static query and key lengths. "
@@ -390,7 +383,6 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
     if implementation != "auto":
         return record_path(implementation)
     not_blockwise = "explicit" if has_soft_cap else "fused"
-    blockwise = not_blockwise if has_sinks else "blockwise"
     if T is None or S is None:
         return record_path(not_blockwise)
     row = policy_row(backend, device_kind() if device is None else device, mode)
@@ -402,7 +394,7 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
         if (row.flash_unmasked and not has_mask and not has_bias and not has_window
                 and not has_soft_cap and (not is_causal or T == S)):
             return record_path("fused")
-        return record_path(blockwise)
+        return record_path("blockwise")
     if override is not None:
         return record_path(not_blockwise)
     banded = is_causal or has_window
@@ -410,7 +402,7 @@ def select_implementation(implementation, *, backend, lead, T, S, has_mask, has_
                             (row.blockwise_min_call_scores, _known_scores(lead, T, S))):
         minimum = None if minimum is None else minimum[0 if banded else 1]
         if minimum is not None and scores >= minimum and T >= row.blockwise_min_queries:
-            return record_path(blockwise)
+            return record_path("blockwise")
     if cached and row.decode_explicit_below is not None and T < row.decode_explicit_below:
         return record_path("explicit")
     return record_path(not_blockwise)

@@ -258,9 +258,10 @@ def scaled_dot_product_attention(
         sinks: optional float tensor `(H,)`, one logit per query head (axis -3
             of `(..., H, T, d_k)`) that joins every softmax's denominator and
             attends nothing: weights `exp(s_j) / (exp(sink) + sum_k exp(s_k))`
-            (gpt-oss's `sinks`, "attention sinks"). The fused path takes them
+            (gpt-oss's `sinks`, "attention sinks"), on every path: the
+            explicit one adds them to the softmax, the fused one takes them
             exactly as one more key, of zero key and value, whose bias is the
-            sink; the blockwise path does not yet (`auto` avoids it).
+            sink, the blockwise one starts each row's online softmax from it.
 
     Returns:
         The output `(..., T, d_v)` in the dtype of `value`, and, with
@@ -294,7 +295,7 @@ def scaled_dot_product_attention(
         T=static_shape(query)[-2], S=static_shape(key)[-2], has_mask=mask is not None,
         has_bias=bias is not None, is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
         has_window=sliding_window is not None, unfusable=spec.unfusable,
-        has_sinks=spec.sinks, device=device_kind(query), mode=execution_mode())
+        device=device_kind(query), mode=execution_mode())
     return attend(path, query, key, value, mask, bias, spec=spec, sinks=sinks,
                   return_attention_scores=return_attention_scores)
 
@@ -367,12 +368,8 @@ def _attend(query, key, value, mask, bias, sinks=None, *, spec, path, return_att
     # heads without repeating the keys and values.
     key, value = zero_unattended_keys(key, value, allowed, key_axis=-2, group=group)
     if path == "blockwise":
-        if sinks is not None:  # the policy routes sinks elsewhere; a forced path is refused
-            raise ValueError("The blockwise path does not take attention sinks yet; use "
-                             "implementation='auto', 'fused' or 'explicit'. Received: "
-                             "implementation='blockwise' with sinks")
         return blockwise_attention(query, key, value, mask=mask, bias=bias, spec=spec,
-                                   block_size=block_size)
+                                   block_size=block_size, sinks=sinks)
     return explicit_attention(query, key, value, mask, bias, spec, sinks=sinks,
                               return_attention_scores=return_attention_scores)
 
@@ -428,7 +425,7 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
         implementation, lead=(B, H), T=T, S=S, has_mask=mask is not None, has_bias=False,
         is_causal=is_causal, needs_weights=bool(return_attention_scores) or spec.drops,
         symbolic=isinstance(query, keras.KerasTensor), has_window=spec.sliding_window is not None,
-        unfusable=spec.unfusable, device=device_kind(query), has_sinks=spec.sinks,
+        unfusable=spec.unfusable, device=device_kind(query),
         cached=cached, backend=keras.backend.backend(), mode=execution_mode())
     if path == "fused" and 0 not in (T, S):
         # Keras's (B, T, H, d) layout: no transposes on our side.

@@ -71,13 +71,18 @@ __all__ = ["blockwise_attention"]
 _NEG_INF = float("-inf")
 
 
-def _forward(q, k, v, bias, mask, g):
-    """Output `(..., Tp, d_v)` and `lse` `(..., Tp, 1)`, in the dtype of `q`."""
+def _forward(q, k, v, bias, mask, g, *, sinks=None):
+    """Output `(..., Tp, d_v)` and `lse` `(..., Tp, 1)`, in the dtype of `q`.
+
+    `sinks` `(..., Tp, 1)`: each row's sink logit, which starts the running state
+    (`m = sink`, `l = exp(sink - m) = 1`, `acc = 0`: a key of zero value), so that
+    `lse` includes it and a row with no allowed key gives zeros and `lse = sink`.
+    """
     dtype = q.dtype
     d_v = v.shape[-1]
 
     def q_step(xs):
-        i, q_i = xs
+        i, q_i = xs[:2]
 
         def kv_step(j, state):
             m, total, acc = state
@@ -92,8 +97,11 @@ def _forward(q, k, v, bias, mask, g):
             acc = acc * correction + ops.matmul(p, g.cols(v, j))
             return m_new, total, acc
 
-        m0 = ops.full(list(g.lead) + [g.bq, 1], _NEG_INF, dtype=dtype)
-        l0 = ops.zeros(list(g.lead) + [g.bq, 1], dtype=dtype)
+        if sinks is None:
+            m0 = ops.full(list(g.lead) + [g.bq, 1], _NEG_INF, dtype=dtype)
+            l0 = ops.zeros(list(g.lead) + [g.bq, 1], dtype=dtype)
+        else:
+            m0, l0 = xs[2], ops.ones(list(g.lead) + [g.bq, 1], dtype=dtype)
         acc0 = ops.zeros(list(g.lead) + [g.bq, d_v], dtype=dtype)
         m, total, acc = ops.fori_loop(*g.key_range(i), kv_step, (m0, l0, acc0))
         has_key = total > 0
@@ -105,7 +113,8 @@ def _forward(q, k, v, bias, mask, g):
 
     steps = ops.arange(g.nq, dtype="int32")
     like = (ops.zeros(list(g.lead) + [g.bq, d_v], dtype), ops.zeros(list(g.lead) + [g.bq, 1], dtype))
-    out, lse = _map(q_step, (steps, _q_blocks(q, g)), like)
+    xs = (steps, _q_blocks(q, g)) + (() if sinks is None else (_q_blocks(sinks, g),))
+    out, lse = _map(q_step, xs, like)
     return _from_q_blocks(out, g), _from_q_blocks(lse, g)
 
 
@@ -250,29 +259,42 @@ def _backward(q, k, v, bias, mask, g, *, out, lse, d_out):
     return dq, dk, dv, d_bias
 
 
-def _attention_fn(mask, g, has_bias):
-    """`f(q, k, v[, bias]) -> out` with the recomputing custom gradient."""
+def _attention_fn(mask, g, has_bias, has_sinks=False):
+    """`f(q, k, v[, bias][, sinks]) -> out` with the recomputing custom gradient.
 
-    def forward(q, k, v, *maybe_bias):
-        bias = maybe_bias[0] if has_bias else None
-        return _forward(q, k, v, bias, mask, g)
+    `sinks` `(..., Tp, 1)` per row: its gradient is `-exp(sink - lse) * delta` (the
+    sink's weight times minus `rowsum(d_out * out)`); those of q, k and v keep their
+    formulas, with `lse` including the sink.
+    """
+
+    def split(extras):
+        bias = extras[0] if has_bias else None
+        return bias, (extras[-1] if has_sinks else None)
+
+    def forward(q, k, v, *extras):
+        bias, sinks = split(extras)
+        return _forward(q, k, v, bias, mask, g, sinks=sinks)
 
     if keras.backend.backend() == "numpy":  # inference only: no gradient to define
         return lambda *args: forward(*args)[0]
 
     @ops.custom_gradient
-    def attend(q, k, v, *maybe_bias):
+    def attend(q, k, v, *extras):
         # The forward runs on stop-gradient copies: an eager TensorFlow
         # GradientTape would otherwise record every block's intermediates
         # (O(T * S) memory) although the custom gradient never uses them.
-        out, lse = forward(*(ops.stop_gradient(x) for x in (q, k, v, *maybe_bias)))
-        bias = maybe_bias[0] if has_bias else None
+        out, lse = forward(*(ops.stop_gradient(x) for x in (q, k, v, *extras)))
+        bias, sinks = split(extras)
 
         def grad(*args, upstream=None):
             if upstream is None:
                 (upstream,) = args
             dq, dk, dv, d_bias = _backward(q, k, v, bias, mask, g, out=out, lse=lse, d_out=upstream)
-            return (dq, dk, dv, d_bias) if has_bias else (dq, dk, dv)
+            grads = (dq, dk, dv) + ((d_bias,) if has_bias else ())
+            if has_sinks:
+                delta = ops.sum(upstream * out, axis=-1, keepdims=True)  # (..., Tp, 1)
+                grads += (-ops.exp(sinks - lse) * delta,)
+            return grads
 
         return out, grad
 
@@ -322,7 +344,7 @@ def _pad_to_blocks(x, rank, g):
 
 
 def blockwise_attention(query, key, value, mask=None, bias=None, *, spec=None, block_size=512,
-                        **fields):
+                        sinks=None, **fields):
     """Memory-efficient attention over `(..., T, d)` tensors (see the module doc).
 
     Args:
@@ -341,6 +363,8 @@ def blockwise_attention(query, key, value, mask=None, bias=None, *, spec=None, b
             `logit_soft_cap` c: logits become `c * tanh(logits / c)` before
             the bias and masks.
         block_size: query and key block length.
+        sinks: `(H,)` sink logits (attention sinks, with `spec.sinks`), or None:
+            each row's running softmax state starts from its head's sink.
 
     Returns:
         `(..., H, T, d_v)` in the dtype of `value`; zero rows where no key is
@@ -352,11 +376,11 @@ def blockwise_attention(query, key, value, mask=None, bias=None, *, spec=None, b
     # (`keras_attn._kernels.compiled`): the loop bodies are closures made per call.
     program = compiled(_blockwise, settings)
     if program is not None:
-        return program(query, key, value, mask, bias)
-    return _blockwise(query, key, value, mask, bias, **settings)
+        return program(query, key, value, mask, bias, sinks)
+    return _blockwise(query, key, value, mask, bias, sinks, **settings)
 
 
-def _blockwise(query, key, value, mask, bias, *, spec, block_size):
+def _blockwise(query, key, value, mask, bias, sinks=None, *, spec, block_size):
     out_dtype = value.dtype
     compute = softmax_dtype(query.dtype)
     q, k, v = (ops.cast(t, compute) for t in (query, key, value))
@@ -366,10 +390,14 @@ def _blockwise(query, key, value, mask, bias, *, spec, block_size):
         mask = to_rank(ops.cast(mask, "uint8"), rank)
     if bias is not None:
         bias = to_rank(ops.cast(bias, compute), rank)
+    if sinks is not None:  # (H,) -> a logit per row, (..., H, T, 1)
+        sinks = ops.reshape(ops.cast(sinks, compute), (-1, 1, 1))
+        sinks = to_rank(ops.broadcast_to(sinks, (static_shape(sinks)[0], T, 1)), rank)
     if group > 1:
         q = _rows_by_position(q, group, T)  # (..., H_kv, T*G, d_k)
         mask = None if mask is None else _rows_by_position(mask, group, T)
         bias = None if bias is None else _rows_by_position(bias, group, T)
+        sinks = None if sinks is None else _rows_by_position(sinks, group, T)
     (q, k, v), lead = broadcast_lead([q, k, v])
     rows, S = q.shape[-2], k.shape[-2]
     g = _Blocks(rows, S, block_size, lead, spec=spec, group=group)
@@ -383,8 +411,11 @@ def _blockwise(query, key, value, mask, bias, *, spec, block_size):
     if bias is not None:
         bias = _pad_to_blocks(bias, rank, g)
         args.append(bias)
+    if sinks is not None:  # (..., Tp, 1), broadcast to the rows' leading dims
+        sinks = pad_axis(ops.broadcast_to(sinks, tuple(lead) + (rows, 1)), -2, g.Tp - rows)
+        args.append(sinks)
 
-    out = _attention_fn(mask, g, bias is not None)(*args)
+    out = _attention_fn(mask, g, bias is not None, sinks is not None)(*args)
     if g.Tp != rows:
         out = out[..., :rows, :]
     if group > 1:

@@ -1,6 +1,6 @@
 """Attention sinks (gpt-oss's `sinks`): one logit per query head in every softmax's
-denominator. Each path that takes them against the float64 reference (outputs and
-gradients, sinks included), the policy routing around the blockwise path (observed),
+denominator. Each path against the float64 reference (outputs and gradients, sinks
+included; the blockwise one in small blocks, grouped heads, with rows that see no key),
 `MultiHeadAttention`'s `sinks` weight with and without a cache, and transformers'
 `GptOssAttention`."""
 
@@ -25,10 +25,21 @@ def _problem(seed=0):
     return randn(g, B, H, T, D), randn(g, B, H_KV, S, D), randn(g, B, H_KV, S, D)
 
 
-@pytest.mark.parametrize("path", ["explicit", "fused"])
+PATHS = ["explicit", "fused", "blockwise"]
+
+
+@pytest.fixture
+def small_blocks():
+    """Blocks of 2 (several query and key blocks at these shapes), restored after."""
+    keras_attn.config.set_attention_block_size(2)
+    yield
+    keras_attn.config.set_attention_block_size(None)
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("options", [dict(is_causal=True), dict(sliding_window=3),
                                      dict(is_causal=True, bias=True)])
-def test_each_path_matches_reference(path, options):
+def test_each_path_matches_reference(path, options, small_blocks):
     q, k, v = _problem()
     options = dict(options)
     if options.pop("bias", False):
@@ -43,8 +54,8 @@ def test_each_path_matches_reference(path, options):
     assert_close(out, expected)
 
 
-@pytest.mark.parametrize("path", ["explicit", "fused"])
-def test_gradients_match_reference(path):
+@pytest.mark.parametrize("path", PATHS)
+def test_gradients_match_reference(path, small_blocks):
     if keras.backend.backend() == "numpy":
         pytest.skip("the NumPy backend cannot differentiate")
     q, k, v = _problem(1)
@@ -67,17 +78,18 @@ def test_gradients_match_reference(path):
                      what=f"{path} gradient {which}", quantity="gradient")
 
 
-def test_auto_routes_around_blockwise_and_a_forced_blockwise_is_refused():
-    q, k, v = _problem()
-    keras_attn.config.set_blockwise_threshold(1)  # auto would pick blockwise
-    try:
-        with observe_paths() as taken:
-            keras_attn.scaled_dot_product_attention(q, k, v, sinks=SINKS)
-        assert "blockwise" not in taken and sum(taken.values()) == 1
-    finally:
-        keras_attn.config.set_blockwise_threshold(None)
-    with pytest.raises(ValueError, match="blockwise path does not take attention sinks"):
-        keras_attn.scaled_dot_product_attention(q, k, v, sinks=SINKS, implementation="blockwise")
+def test_a_row_with_no_allowed_key_gives_zeros(small_blocks):
+    """A padding mask that hides every key from batch 1: its rows are zero on every path
+    (the sink takes all the weight), batch 0 unchanged."""
+    q, k, v = _problem(3)
+    mask = np.ones((B, 1, 1, S), bool)
+    mask[1] = False
+    expected, _ = reference.scaled_dot_product_attention(q, k, v, mask=mask, sinks=SINKS)
+    for path in PATHS:
+        out = to_numpy(keras_attn.scaled_dot_product_attention(
+            q, k, v, mask=mask, sinks=SINKS, implementation=path))
+        assert_close(out, expected, what=path)
+        assert np.abs(out[1]).max() == 0.0
 
 
 def test_bad_sinks_are_refused_by_name():
