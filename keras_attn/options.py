@@ -78,6 +78,16 @@ class AttentionOptions:
             weight `sinks` `(H,)`, one logit per query head that joins every
             softmax's denominator and attends nothing (zeros at first;
             `keras_attn.scaled_dot_product_attention`'s `sinks`).
+        query_scale_beta, query_scale_length: a position-dependent query scale,
+            or None (both None: none): the queries at absolute position p, after
+            qk-norm and RoPE, times `1 + query_scale_beta * log(1 + floor(p /
+            query_scale_length))` (beta > 0, length a positive int, both set or
+            neither). transformers' `get_llama_4_attn_scale` (Ministral 3:
+            `rope_parameters["llama_4_scaling_beta"]` and
+            `rope_parameters["original_max_position_embeddings"]`). Llama 4's
+            temperature tuning (`attn_scale`, `floor_scale`) is the same curve one
+            position later, `floor((p + 1) / floor_scale)`: these two fields do not
+            express it.
 
     Example:
 
@@ -111,6 +121,8 @@ class AttentionOptions:
     rope_truncate: bool = True
     rope_partial_rotary_factor: float = 1.0
     use_sinks: bool = False
+    query_scale_beta: float | None = None
+    query_scale_length: int | None = None
 
     def __post_init__(self):
         checked = {
@@ -123,7 +135,17 @@ class AttentionOptions:
             "qk_norm_epsilon": check_positive_float("qk_norm_epsilon", self.qk_norm_epsilon),
             "scale": check_positive_float("scale", self.scale, allow_none=True),
             "use_sinks": bool(self.use_sinks),
+            "query_scale_beta": check_positive_float(
+                "query_scale_beta", self.query_scale_beta, allow_none=True),
+            "query_scale_length": check_positive_int(
+                "query_scale_length", self.query_scale_length, allow_none=True),
         }
+        if (self.query_scale_beta is None) != (self.query_scale_length is None):
+            raise ValueError(
+                "`query_scale_beta` and `query_scale_length` are set together (the scale "
+                "`1 + beta * log(1 + floor(p / length))` needs both), or neither. Received: "
+                f"query_scale_beta={self.query_scale_beta!r}, "
+                f"query_scale_length={self.query_scale_length!r}")
         # The rope_* fields are a RopeSpec's, flat (their saved form), checked as one.
         rope = _rope.check_rope({name: getattr(self, name if name == "rope_type" else f"rope_{name}")
                                  for name in _rope.FIELDS}, prefix="rope_")

@@ -100,6 +100,18 @@ CASES = {
                                 tie_word_embeddings=False),
              14, ("RoPE over the whole head (partial_rotary_factor ignored)", "config",
                   {"where": "all", "rope_partial_rotary_factor": 1.0})),
+    # Issue 33: Ministral 3's query scale 1 + beta log(1 + floor(p / n)) with n = 4, so the
+    # T = 24 positions and the 16 greedy tokens cross five steps of floor(p / 4); yarn
+    # RoPE over the same n, factor 32 / 4 (its default layout, smaller).
+    "ministral3": ("Ministral3Config", dict(
+        num_hidden_layers=2, head_dim=16, tie_word_embeddings=False,
+        max_position_embeddings=32,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0,
+                         "original_max_position_embeddings": 4, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "llama_4_scaling_beta": 0.1}),
+        15, ("query scale removed (llama_4_scaling_beta ignored)", "config",
+             {"where": "all", "query_scale_beta": None, "query_scale_length": None})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,

@@ -15,7 +15,8 @@ from keras_attn.layers._common import clone_initializer
 from keras_attn.rotary import apply_rope
 
 __all__ = ["dense", "dense_config", "einsum_sums_in_float32", "gate", "project_heads",
-           "project_output", "qk_norm_layer", "rope", "rope_heads", "set_dense_arguments"]
+           "project_output", "qk_norm_layer", "query_positions", "query_scale", "rope", "rope_heads",
+           "set_dense_arguments"]
 
 _DENSE_ARGUMENTS = {f"{part}_{kind}": module
                     for kind, module in (("initializer", keras.initializers),
@@ -134,6 +135,22 @@ def rope_heads(q, k, query_length, key_length, cache, cache_update_index, option
     q_positions, k_positions = positions(
         query_length, key_length, 0 if cache is None else cache_update_index)
     return rope(q, q_positions, options), rope(k, k_positions, options)
+
+
+def query_positions(query_length, key_length):
+    """The absolute positions `(T,)` of T queries over S keys without a cache
+    (bottom-right aligned, as RoPE's: query i at `i + S - T`)."""
+    return positions(query_length, key_length)[0]
+
+
+def query_scale(q, q_positions, options):
+    """`(B, T, H, d)` queries times `1 + beta * log(1 + floor(p / n))` at their absolute
+    positions `(T,)` (`options.query_scale_beta`, `options.query_scale_length`):
+    transformers' `get_llama_4_attn_scale`, computed in float32 and cast to q's dtype
+    as there. The floor is an integer division (exact at any position)."""
+    steps = ops.floor_divide(ops.cast(q_positions, "int32"), options.query_scale_length)
+    scale = 1.0 + options.query_scale_beta * ops.log1p(ops.cast(steps, "float32"))
+    return ops.multiply(q, ops.cast(ops.reshape(scale, (1, -1, 1, 1)), q.dtype))  # (1, T, 1, 1)
 
 
 def project_output(dense, attended, heads, head_dim, heads_first=False):

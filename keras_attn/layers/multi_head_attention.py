@@ -90,7 +90,9 @@ class MultiHeadAttention(keras.layers.Layer):
         num_key_value_heads, rope_max_wavelength, rope_scaling_factor,
             rope_interleaved, sliding_window, logit_soft_cap, qk_norm,
             qk_norm_epsilon: see `keras_attn.options.AttentionOptions`, whose
-            other fields (`scale`) are keywords too (GQA: query head n uses
+            other fields (`scale`, `query_scale_beta` and `query_scale_length`:
+            the queries times `1 + beta * log(1 + floor(p / length))` at their
+            absolute positions p, after RoPE) are keywords too (GQA: query head n uses
             key/value head `n // (H / H_kv)`, as Keras's
             `GroupQueryAttention`; RoPE on queries and keys after qk-norm,
             at absolute bottom-right-aligned positions; qk-norm sublayers
@@ -256,6 +258,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 masks=given)  # the masks as given: before `resolve_inputs`
             if self.rope_max_wavelength is not None:
                 q = projection.rope(q, step.query_positions, self.options)
+            if self.query_scale_beta is not None:  # at the cache's positions, as RoPE
+                q = projection.query_scale(q, step.query_positions, self.options)
             k, v = step.keys, step.values  # (B, S_max, H_kv, d_k | d_v)
             is_causal, window = False, None  # in `step.mask` (the index may be traced)
         key_padding = combine_masks(as_bool_mask("key_mask", key_mask),
@@ -310,10 +314,12 @@ class MultiHeadAttention(keras.layers.Layer):
             cached=cached, sinks=ops.convert_to_tensor(self.sinks) if self.use_sinks else None)
 
     def _project(self, query, key, value, cached=False, read_only=False):
-        """`(q, k, v)` in `(B, L, heads, d)` after qk-norm, and RoPE without a cache.
+        """`(q, k, v)` in `(B, L, heads, d)` after qk-norm, and RoPE and the query scale
+        without a cache.
 
         With a cache, RoPE follows the cache's positions: `KVCache.update`
-        rotates the new keys (`_rope_keys`) and gives the queries' positions.
+        rotates the new keys (`_rope_keys`) and gives the queries' positions
+        (RoPE's and the query scale's, applied in `call`).
         A read-only cache takes no `key`/`value` (k and v None).
         """
         d_k, d_v, H_kv = self.key_dim, self.head_value_dim, self.num_key_value_heads
@@ -328,6 +334,9 @@ class MultiHeadAttention(keras.layers.Layer):
         if self.rope_max_wavelength is not None and not cached:
             q, k = projection.rope_heads(q, k, ops.shape(query)[1], ops.shape(key)[1], None,
                                          None, self.options)
+        if self.query_scale_beta is not None and not cached:  # after RoPE, RoPE's positions
+            q = projection.query_scale(q, projection.query_positions(
+                ops.shape(query)[1], ops.shape(key)[1]), self.options)
         return q, k, v
 
     def _rope_keys(self, keys, positions):

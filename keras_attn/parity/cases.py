@@ -181,6 +181,12 @@ CASES = (
          "causal",
          {"num_heads": 4, "key_dim": 4, "num_key_value_heads": 2, "scale": 1.3},
          {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    Case("mha_gqa_rope_query_scale", "mha",
+         "MultiHeadAttention: GQA 4/2 heads, RoPE, query scale 1 + 0.5 ln(1 + floor(p / 2)) "
+         "(Ministral 3's llama_4_scaling_beta: queries 2, 3 times 1.35), causal",
+         {"num_heads": 4, "key_dim": 4, "num_key_value_heads": 2, "rope_max_wavelength": 100.0,
+          "query_scale_beta": 0.5, "query_scale_length": 2},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
     Case("ffn_swiglu", "ffn", "PositionwiseFeedForward: gated (SwiGLU), no biases",
          {"intermediate_dim": 12, "activation": "silu", "gated": True, "use_bias": False},
          {"inputs": (B, T, D)}),
@@ -215,6 +221,12 @@ CASES = (
          "2 one-token steps",
          {"num_heads": 4, "key_dim": 2, "num_key_value_heads": 2, "rope_max_wavelength": 100.0},
          {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 2}),
+    Case("mha_cached_query_scale", "mha",
+         "MultiHeadAttention with a cache: RoPE and the query scale 1 + 0.5 ln(1 + p) at the "
+         "cache's positions, prefill 1 token, then 3 one-token steps",
+         {"num_heads": 2, "key_dim": 4, "rope_max_wavelength": 100.0,
+          "query_scale_beta": 0.5, "query_scale_length": 1},
+         {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 1}),
     Case("decoder_llama_cached", "decoder",
          "TransformerDecoderLayer with a cache: Llama-style block, sliding window 3, "
          "prefill 1 token, then 3 one-token steps",

@@ -181,7 +181,7 @@ def multi_head_attention(
     is_causal=False, num_key_value_heads=None, rope_max_wavelength=None,
     rope_scaling_factor=1.0, rope_interleaved=False, sliding_window=None,
     logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None, rope_type="default",
-    use_sinks=False, **rope_parameters,
+    use_sinks=False, query_scale_beta=None, query_scale_length=None, **rope_parameters,
 ):
     """Multi-head attention, paper Section 3.2.2, with today's options.
 
@@ -195,6 +195,10 @@ def multi_head_attention(
     `num_key_value_heads` < H, query head n uses key/value head
     n // (H / H_kv). qk-norm, then RoPE, apply to each head's queries and
     keys; positions are absolute, query i at `i + (S - T)`, key j at j.
+    With `query_scale_beta` b and `query_scale_length` n, the queries at
+    position p are then multiplied by `1 + b ln(1 + floor(p / n))`
+    (Llama 4 / Ministral 3 attention scaling, transformers'
+    `get_llama_4_attn_scale`), before the logits.
     `mask` broadcasts to `(B, T, S)` or `(B, H, T, S)`. Returns
     `(B, T, out)` and the weights `(B, H, T, S)`.
     """
@@ -218,6 +222,10 @@ def multi_head_attention(
                     **{n[len("rope_"):]: v for n, v in rope_parameters.items()})
         q = rotary_embedding(q, np.arange(T) + (S - T), **rope)
         k = rotary_embedding(k, np.arange(S), **rope)
+    if query_scale_beta is not None:
+        p = np.arange(q.shape[2]) + (k.shape[2] - q.shape[2])  # absolute query positions
+        factor = 1.0 + query_scale_beta * np.log(1.0 + np.floor(p / query_scale_length))
+        q = q * factor[:, None]  # (T, 1) over (B, H, T, d_k)
     if mask is not None:
         mask = np.asarray(mask, bool)
         if mask.ndim == 3:

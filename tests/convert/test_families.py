@@ -76,6 +76,10 @@ def test_ablation_moves_the_logits(converted, name):
     ("gemma2", {"attention_bias": True, "attn_logit_softcapping": None,
                 "final_logit_softcapping": None}),
     ("phi3", {"partial_rotary_factor": 0.5}),  # Phi-4-mini's partial rotary (0.75 there)
+    # Ministral 3's query scale over default RoPE: n read for the scale alone.
+    ("ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                        "original_max_position_embeddings": 4,
+                                        "llama_4_scaling_beta": 0.3}}),
 ])
 def test_config_variants_match_transformers(name, overrides):
     """Biases on every projection, a tied head, no soft-caps, partial rotary: the logits
@@ -176,6 +180,22 @@ REFUSED = [
     ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_logit_softcapping"),
     ("gemma3_text", {"rope_parameters": {"global": {"rope_type": "default",
                                                     "rope_theta": 1e6}}}, "rope_parameters"),
+    # Ministral 3's query scale needs both of its keys (transformers' attention fails
+    # without either) and a beta >= 0.
+    ("ministral3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0,
+                                        "original_max_position_embeddings": 4}},
+     "rope_parameters['llama_4_scaling_beta']"),
+    ("ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                        "llama_4_scaling_beta": 0.1}},
+     "rope_parameters['original_max_position_embeddings']"),
+    ("ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                        "original_max_position_embeddings": 4,
+                                        "llama_4_scaling_beta": -0.1}},
+     "rope_parameters['llama_4_scaling_beta']"),
+    ("ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                        "original_max_position_embeddings": 4,
+                                        "llama_4_scaling_beta": 0.1, "factor": 2.0}},
+     "rope_parameters['factor']"),
 ]
 
 

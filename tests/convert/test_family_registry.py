@@ -97,3 +97,25 @@ def test_phi3s_fused_projections_are_cross_checked_against_the_config():
                                rtol=1e-6)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(ff.intermediate_dense.kernel),
                                fused[12:].T, rtol=1e-6)
+
+
+def test_ministral3_reads_the_query_scale_from_rope_parameters():
+    from keras_attn.convert._transformers_config import read_config
+
+    rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
+            "original_max_position_embeddings": 16384, "max_position_embeddings": 262144,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.1}
+    config = {"model_type": "ministral3", **TINY, "head_dim": 4}
+    # Without rope_parameters: Ministral3Config's default (yarn, n = 16384, beta 0.1).
+    for given in ({}, {"rope_parameters": rope}):
+        attention = read_config({**config, **given}).layers[0].attention
+        assert (attention["query_scale_beta"], attention["query_scale_length"]) == (0.1, 16384)
+        assert attention["rope_type"] == "yarn"
+        assert attention["rope_original_max_position_embeddings"] == 16384
+    # beta 0: the scale is 1 everywhere, no option; n is not RoPE's for the default type.
+    plain = {"rope_type": "default", "rope_theta": 1e4, "original_max_position_embeddings": 8,
+             "llama_4_scaling_beta": 0.0}
+    attention = read_config({**config, "rope_parameters": plain}).layers[0].attention
+    assert "query_scale_beta" not in attention and attention["rope_type"] == "default"
+    assert "rope_original_max_position_embeddings" not in attention

@@ -31,7 +31,8 @@ __all__ = ["family", "model_types"]
 # model_type -> module (in keras_attn.convert.families).
 _MODULES = {name: name for name in (
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
-    "starcoder2", "gemma", "phi3", "granite", "ministral", "smollm3", "glm4")}
+    "starcoder2", "gemma", "phi3", "granite", "ministral", "smollm3", "glm4",
+    "ministral3")}
 
 
 def model_types():
