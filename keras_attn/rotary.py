@@ -38,7 +38,7 @@ Dimension letters: B batch, L sequence length, d the rotated axis
 
 import dataclasses
 import numbers
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
@@ -140,7 +140,7 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
     (True, True)
     """
     # Every RopeSpec field is an argument of the same name.
-    arguments = {"max_wavelength": max_wavelength, "scaling_factor": scaling_factor,
+    arguments: dict[str, Any] = {"max_wavelength": max_wavelength, "scaling_factor": scaling_factor,
                  "interleaved": interleaved, "rope_type": rope_type,
                  "low_freq_factor": low_freq_factor, "high_freq_factor": high_freq_factor,
                  "original_max_position_embeddings": original_max_position_embeddings,
@@ -148,6 +148,7 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
                  "attention_factor": attention_factor, "mscale": mscale,
                  "mscale_all_dim": mscale_all_dim, "truncate": truncate,
                  "partial_rotary_factor": partial_rotary_factor}
+    rope: RopeSpec | _TensorRope
     if rope_type in ("default", "linear") and not (
             _is_number(max_wavelength) and _is_number(scaling_factor)):
         rope = _TensorRope(max_wavelength, scaling_factor, bool(interleaved))
