@@ -2,7 +2,7 @@
 
 `core(config, ...)` reads the sizes, the activation and the norm epsilon;
 `rope_of` the RoPE options, `window_of` the sliding window; `layer_types`,
-`checked_layer_types`, `sliding_from`, `every_nth_full` and `sliding_windows` give each
+`checked_layer_types`, `windows_from_max_window_layers`, `every_nth_full` and `sliding_windows` give each
 block's "full_attention" / "sliding_attention" and window; `layer_specs(...)` makes the
 per-block attention options. Field names are transformers' (a family whose field is
 named otherwise passes its name). Nothing here branches on a family's name: what
@@ -22,7 +22,8 @@ from keras_attn.convert._transformers_config import (
 )
 
 __all__ = ["checked_layer_types", "core", "every_nth_full", "layer_specs", "layer_types",
-           "refuse", "rope_of", "sliding_from", "sliding_windows", "split_gate_up", "window_of"]
+           "refuse", "rope_of", "sliding_windows", "split_gate_up", "window_of",
+           "windows_from_max_window_layers"]
 
 refuse = _refuse
 # The fields `core` reads (each family lists them with its own in FIELDS["read"]).
@@ -105,10 +106,17 @@ def checked_layer_types(types, num_layers, window):
     return types
 
 
-def sliding_from(num_layers, start, window):
-    """The blocks from `start` on sliding (when there is a window), those before it full."""
-    return ["sliding_attention" if window is not None and i >= start else "full_attention"
-            for i in range(num_layers)]
+def windows_from_max_window_layers(config, num_layers):
+    """Each block's window in the Qwen 2 / Qwen 3 convention: a window only with
+    `use_sliding_window`, on the "sliding_attention" blocks of `layer_types` or, without
+    it, transformers' derivation (the blocks from `max_window_layers`, default 28, on)."""
+    window = window_of(config) if config.get("use_sliding_window", False) else None
+    types = config.get("layer_types")
+    if types is None:
+        start = config.get("max_window_layers", 28)
+        types = ["sliding_attention" if window is not None and i >= start else "full_attention"
+                 for i in range(num_layers)]
+    return sliding_windows(checked_layer_types(types, num_layers, window), window)
 
 
 def every_nth_full(num_layers, n):

@@ -19,13 +19,9 @@ def spec(config):
     core = _shared.core(config)
     n = core["num_layers"]
     rope = _shared.rope_of(config)
-    window = _shared.window_of(config) if config.get("use_sliding_window", False) else None
-    types = config.get("layer_types")
-    if types is None:
-        types = _shared.sliding_from(n, config.get("max_window_layers", 28), window)
-    types = _shared.checked_layer_types(types, n, window)
+    windows = _shared.windows_from_max_window_layers(config, n)
     return ModelSpec(
         **core, qkv_bias=True, output_bias=False, mlp_bias=False, qk_norm=False,
         final_logit_soft_cap=None,
-        layers=_shared.layer_specs(n, rope, windows=_shared.sliding_windows(types, window),
+        layers=_shared.layer_specs(n, rope, windows=windows,
                                    logit_soft_cap=None, scale=None))
