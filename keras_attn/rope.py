@@ -18,6 +18,7 @@ has them: `max_wavelength` is transformers' `rope_theta`, `scaling_factor` its
 """
 
 import dataclasses
+import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -257,6 +258,12 @@ class RopeSpec:
         """`(theta, attention_factor)`: the dim/2 inverse frequencies (float64 NumPy) and
         the multiplier of cos and sin, for a rotated width `dim` (`rotary_dim(d)`)."""
         return ROPE_TYPES[self.rope_type].frequencies(self, dim)
+
+    @functools.cached_property
+    def whole_head(self):
+        """This spec over all of a head (`partial_rotary_factor` 1): what rotates the
+        leading slice, made once per spec rather than per call."""
+        return dataclasses.replace(self, partial_rotary_factor=1.0)
 
     def rotary_dim(self, head_dim):
         """The rotated width of a head `head_dim` wide: `int(head_dim *

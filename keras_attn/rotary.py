@@ -184,8 +184,7 @@ def apply_rope(x, rope, positions=None, start_index=0, *, sequence_axis=1, featu
         rotated = rope.rotary_dim(dim)
         if rotated < dim:  # the leading slice rotates as a head that wide; the rest passes
             head, tail = x[..., :rotated], x[..., rotated:]  # (..., r), (..., d - r)
-            whole = dataclasses.replace(rope, partial_rotary_factor=1.0)
-            return ops.concatenate([apply_rope(head, whole, positions, start_index,
+            return ops.concatenate([apply_rope(head, rope.whole_head, positions, start_index,
                                                sequence_axis=sequence_axis), tail], axis=-1)
     compute = softmax_dtype(x.dtype)  # float32 at least
     if positions is None:
