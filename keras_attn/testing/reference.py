@@ -181,7 +181,8 @@ def multi_head_attention(
     is_causal=False, num_key_value_heads=None, rope_max_wavelength=None,
     rope_scaling_factor=1.0, rope_interleaved=False, sliding_window=None,
     logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None, rope_type="default",
-    use_sinks=False, query_scale_beta=None, query_scale_length=None, **rope_parameters,
+    use_sinks=False, query_scale_beta=None, query_scale_length=None, attention_bias=None,
+    **rope_parameters,
 ):
     """Multi-head attention, paper Section 3.2.2, with today's options.
 
@@ -199,7 +200,9 @@ def multi_head_attention(
     position p are then multiplied by `1 + b ln(1 + floor(p / n))`
     (Llama 4 / Ministral 3 attention scaling, transformers'
     `get_llama_4_attn_scale`), before the logits.
-    `mask` broadcasts to `(B, T, S)` or `(B, H, T, S)`. Returns
+    `attention_bias` (additive, broadcast to `(B, H, T, S)`) is added to the
+    logits after the scale and the soft-cap (`scaled_dot_product_attention`'s
+    `bias`). `mask` broadcasts to `(B, T, S)` or `(B, H, T, S)`. Returns
     `(B, T, out)` and the weights `(B, H, T, S)`.
     """
     unknown = [n for n in rope_parameters if not n.startswith("rope_")]
@@ -233,6 +236,7 @@ def multi_head_attention(
     out, weights = scaled_dot_product_attention(
         q, k, v, mask=mask, is_causal=is_causal, scale=scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap, sinks=params["sinks"] if use_sinks else None,
+        bias=attention_bias,
     )
     B, H, T, d_v = out.shape
     out = out.transpose(0, 2, 1, 3).reshape(B, T, H * d_v)  # (B, T, H * d_v)
