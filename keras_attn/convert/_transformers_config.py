@@ -87,6 +87,10 @@ class ModelSpec:
     gated_feed_forward: bool = True  # gate * up (SwiGLU, GeGLU); False: up then down
     residual_scale: float | None = None  # every residual branch times it (Granite)
     logits_scaling: float | None = None  # the logits divided by it (Granite)
+    # (config field, value) when every block's feed-forward is a mixture of experts, which
+    # keras_attn does not build yet (issue 34): the block and model converters refuse it,
+    # naming the field; the attention converter converts the attention alone (gpt-oss).
+    mixture_of_experts: tuple | None = None
 
 
 def table_of(fields):
