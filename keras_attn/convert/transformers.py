@@ -2,8 +2,9 @@
 
 Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
 `gemma2`, `gemma3_text`, `starcoder2`, `gemma`, `phi3`, `granite`, `ministral` and
-`smollm3` (and `gpt_oss`'s attention: its blocks' mixture of experts is refused), each a module of `keras_attn.convert.families` (its fields, its spec, and
-its own weight names renamed or split into the Llama layout mapped below).
+`smollm3` (and `gpt_oss`'s attention: its blocks' mixture of experts is refused), each
+a module of `keras_attn.convert.families` (its fields, its spec, and its own weight names
+renamed or split into the Llama layout mapped below).
 transformers is never imported: configs are
 read through `to_dict()` (or are plain dicts, a `config.json`), tensors
 through `keras_attn.convert._common.to_numpy`. The config's fields are
