@@ -200,3 +200,47 @@ def test_symbolic_call_with_bias():
     x = randn(rng(8), B, T, D)
     b = _t5_bias(T, T).repeat(B, axis=0)
     assert_close(model([x, b]), to_numpy(block(x, attention_bias=b)), against="eager")
+
+
+def test_a_callable_implementation_receives_the_bias():
+    """A user's attention function gets `bias=` (heads-first), only when one is given."""
+    seen = []
+
+    def attention_fn(query, key, value, **kwargs):
+        seen.append("bias" in kwargs)
+        return keras_attn.scaled_dot_product_attention(query, key, value, **kwargs)
+
+    layer, x = _mha(attention_fn)
+    bias = _t5_bias(T, T)
+    expected, _ = reference.multi_head_attention(
+        reference_params(layer), x, x, num_heads=H, num_key_value_heads=H_KV, is_causal=True,
+        rope_max_wavelength=100.0, attention_bias=bias)
+    assert_close(layer(x, x, use_causal_mask=True, attention_bias=bias), expected)
+    layer(x, x, use_causal_mask=True)
+    assert seen[-2:] == [True, False]
+
+
+def test_a_given_attention_receives_the_bias_only_when_set():
+    calls = []
+
+    @keras.saving.register_keras_serializable(package="test_attention_bias")
+    class Recording(keras_attn.MultiHeadAttention):
+        def call(self, query, use_causal_mask=False, training=None, attention_bias=None):
+            calls.append(attention_bias is not None)
+            return super().call(query, use_causal_mask=use_causal_mask, training=training,
+                                attention_bias=attention_bias)
+
+    block = keras_attn.TransformerEncoderLayer(
+        intermediate_dim=12, attention=Recording(H, d, num_key_value_heads=H_KV))
+    x = randn(rng(9), B, T, D)
+    block(x)
+    block(x, attention_bias=_t5_bias(T, T))
+    assert calls[-2:] == [False, True]
+
+    @keras.saving.register_keras_serializable(package="test_attention_bias")
+    class NoBias(keras_attn.MultiHeadAttention):  # written before the argument
+        def call(self, query, use_causal_mask=False, training=None):
+            return super().call(query, use_causal_mask=use_causal_mask, training=training)
+
+    old = keras_attn.TransformerEncoderLayer(intermediate_dim=12, attention=NoBias(H, d))
+    assert tuple(old(x).shape) == (B, T, D)  # no `attention_bias` keyword reaches it
