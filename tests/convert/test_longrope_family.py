@@ -47,7 +47,8 @@ def test_longrope_refusals_name_the_field():
     state = {k: v.numpy() for k, v in model.state_dict().items()}
     config = _dict_config(model)
     short = config["rope_scaling"]["short_factor"]
-    with pytest.raises(ValueError, match=r"`rope_short_factor` holds one factor per rotated "
+    with pytest.raises(ValueError, match=r"config field `rope_scaling` is not supported: "
+                                         r"`rope_short_factor` holds one factor per rotated "
                                          r"frequency: 8 .*Received: rope_short_factor of length 7"):
         convert.causal_lm_from_transformers(
             {**config, "rope_scaling": {**config["rope_scaling"], "short_factor": short[:7]}},

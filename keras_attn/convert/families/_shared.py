@@ -21,8 +21,8 @@ from keras_attn.convert._transformers_config import (
     _rope,
 )
 
-__all__ = ["checked_layer_types", "core", "every_nth_full", "layer_specs", "layer_types",
-           "refuse", "rope_of", "sliding_windows", "split_gate_up", "window_of",
+__all__ = ["check_rotary_width", "checked_layer_types", "core", "every_nth_full",
+           "layer_specs", "layer_types", "refuse", "rope_of", "sliding_windows", "split_gate_up", "window_of",
            "windows_from_max_window_layers"]
 
 refuse = _refuse
@@ -81,6 +81,19 @@ def rope_of(config, *, partial_rotary=False):
         params = {"partial_rotary_factor": config["partial_rotary_factor"], **params}
     return _rope(params, where, config.get("max_position_embeddings"),
                  partial_rotary=partial_rotary)
+
+
+def check_rotary_width(rope, head_dim, where):
+    """The RoPE options `rope` (from `rope_of`) checked against the head width: the rotated
+    slice even, longrope's factor lists d/2 long; a `ValueError` naming the config field
+    `where` (with keras_attn's reason) otherwise."""
+    from keras_attn.options import AttentionOptions
+
+    try:
+        AttentionOptions(**rope).for_heads(1, head_dim)
+    except ValueError as error:
+        raise ValueError(f"config field `{where}` is not supported: {error}") from None
+    return rope
 
 
 def window_of(config, field="sliding_window"):

@@ -50,7 +50,9 @@ def spec(config):
     return ModelSpec(
         **core, qkv_bias=False, output_bias=False, mlp_bias=False, qk_norm=False,
         final_logit_soft_cap=None,
-        layers=_shared.layer_specs(core["num_layers"], _shared.rope_of(config, partial_rotary=True),
+        layers=_shared.layer_specs(core["num_layers"], _shared.check_rotary_width(
+                                       _shared.rope_of(config, partial_rotary=True),
+                                       core["head_dim"], where),
                                    windows=[window] * core["num_layers"]))
 
 
