@@ -157,6 +157,11 @@ def test_sinks_mapping_is_cross_checked():
     with pytest.raises(ValueError, match=r"sinks"):
         without = {k: v for k, v in state.items() if k != "sinks"}
         multi_head_attention_from_transformers(without, config, 1)
+    # A config without RoPE parameters: GptOssConfig's default yarn (factor 32, theta 1.5e5).
+    bare = {k: v for k, v in config.items() if k != "rope_parameters"}
+    rope = multi_head_attention_from_transformers(state, bare, 1).options.rope
+    assert (rope.rope_type, rope.scaling_factor, rope.max_wavelength, rope.truncate,
+            rope.original_max_position_embeddings) == ("yarn", 32.0, 150000.0, False, 4096)
     llama = {"model_type": "llama", "vocab_size": 64, "hidden_size": D, "intermediate_size": 16,
              "num_hidden_layers": 1, "num_attention_heads": H, "num_key_value_heads": H_kv,
              "head_dim": d, "attention_bias": True, "mlp_bias": False}

@@ -14,6 +14,9 @@ from keras_attn.convert._transformers_config import ModelSpec, _number, _positiv
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "gpt_oss"
+# GptOssConfig's RoPE when a config gives none (its default_theta and __post_init__).
+_DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}
 # The fields of the experts: read to refuse the blocks (see the module docstring).
 _EXPERT_FIELDS = ("num_local_experts", "num_experts_per_tok", "swiglu_alpha", "swiglu_limit")
 FIELDS = {
@@ -38,6 +41,9 @@ def spec(config):
     for field in ("swiglu_alpha", "swiglu_limit"):
         _number(config, field, 1.0)
     bias = bool(config.get("attention_bias", True))
+    if config.get("rope_parameters") is None and config.get("rope_scaling") is None:
+        config = {**config, "rope_parameters": {
+            **_DEFAULT_ROPE, "rope_theta": config.get("rope_theta", 150000.0)}}
     return ModelSpec(
         **core, qkv_bias=bias, output_bias=bias, mlp_bias=False, qk_norm=False,
         final_logit_soft_cap=None, mixture_of_experts=("num_local_experts", experts),
