@@ -88,6 +88,10 @@ class AttentionOptions:
             temperature tuning (`attn_scale`, `floor_scale`) is the same curve one
             position later, `floor((p + 1) / floor_scale)`: these two fields do not
             express it.
+        attention_chunk_size: C, or None: chunked (block-diagonal) attention, Llama
+            4's `attention_chunk_size` (transformers' `chunked_causal_mask_function`):
+            position p attends j only if `floor(j / C) == floor(p / C)` (with the
+            causal rule when causal), positions absolute (over a cache too).
 
     Example:
 
@@ -123,6 +127,7 @@ class AttentionOptions:
     use_sinks: bool = False
     query_scale_beta: float | None = None
     query_scale_length: int | None = None
+    attention_chunk_size: int | None = None
 
     def __post_init__(self):
         checked = {
@@ -139,6 +144,8 @@ class AttentionOptions:
                 "query_scale_beta", self.query_scale_beta, allow_none=True),
             "query_scale_length": check_positive_int(
                 "query_scale_length", self.query_scale_length, allow_none=True),
+            "attention_chunk_size": check_positive_int(
+                "attention_chunk_size", self.attention_chunk_size, allow_none=True),
         }
         if (self.query_scale_beta is None) != (self.query_scale_length is None):
             raise ValueError(
@@ -237,6 +244,8 @@ class KernelSpec:
         sinks: a sink logit per query head enters every softmax's denominator
             (gpt-oss's `sinks`; the values travel beside the tensors, as a
             `(H,)` tensor, since they are a layer's weights).
+        attention_chunk_size: C, or None (`AttentionOptions.attention_chunk_size`):
+            position p sees key j only if `floor(j / C) == floor(p / C)`.
     """
 
     is_causal: bool = False
@@ -247,6 +256,7 @@ class KernelSpec:
     seed: object = None
     training: bool = False
     sinks: bool = False
+    attention_chunk_size: int | None = None
 
     # The fields that transform the logits `q . k * scale` elementwise, applied in that
     # order by `keras_attn._kernels.common.transform_logits` on the explicit and
@@ -261,8 +271,9 @@ class KernelSpec:
 
     @property
     def positional(self):
-        """Whether positions mask keys (causal or a window)."""
-        return self.is_causal or self.sliding_window is not None
+        """Whether positions mask keys (causal, a window or chunks)."""
+        return (self.is_causal or self.sliding_window is not None
+                or self.attention_chunk_size is not None)
 
     @property
     def drops(self):
@@ -277,13 +288,17 @@ class KernelSpec:
 
 
 def kernel_spec(options, *, is_causal=False, scale, dropout_rate=0.0, seed=None,
-                training=False, sliding_window="options", sinks=False):
+                training=False, sliding_window="options", sinks=False,
+                attention_chunk_size="options"):
     """The `KernelSpec` of `options` (an `AttentionOptions`) for one call.
 
     `scale` is resolved by the caller (`options.scale` or `1 / sqrt(d_k)`);
-    `sliding_window` None: the window is in the mask already (a cached call).
+    `sliding_window` / `attention_chunk_size` None: that rule is in the mask
+    already (a cached call).
     """
     return KernelSpec(
+        attention_chunk_size=(options.attention_chunk_size if attention_chunk_size == "options"
+                              else attention_chunk_size),
         is_causal=bool(is_causal), scale=float(scale),
         sliding_window=options.sliding_window if sliding_window == "options" else sliding_window,
         dropout_rate=float(dropout_rate), seed=seed, training=bool(training), sinks=bool(sinks),
