@@ -242,6 +242,20 @@ CASES = (
          {"inputs": (B, T, D), "memory": (B, S, 6)},
          masks={"memory_padding_mask": lambda g: _padding([S, 2], S)},
          call={"cached_prefill": 3}),
+    # Chunked attention (Llama 4's attention_chunk_size): position p attends j only if
+    # floor(j / C) == floor(p / C).
+    Case("sdpa_gqa_chunked_window", "sdpa",
+         "functional core: chunked attention C=3 (Llama 4), GQA 4/2 heads, causal window W=2, "
+         "T=6, S=7 (queries at positions 1..6: chunks 0..2 and 3..5, then 6)",
+         {"is_causal": True, "sliding_window": 2, "attention_chunk_size": 3},
+         {"query": (B, 4, 6, 3), "key": (B, 2, 7, 3), "value": (B, 2, 7, 4)}),
+    Case("mha_cached_gqa_rope_chunked", "mha",
+         "MultiHeadAttention with a cache: chunked attention C=3, GQA 4/2 heads + RoPE "
+         "interleaved (Llama 4), prefill 2 tokens, then 2 one-token steps (the last one "
+         "opens a new chunk)",
+         {"num_heads": 4, "key_dim": 2, "num_key_value_heads": 2, "rope_max_wavelength": 100.0,
+          "rope_interleaved": True, "attention_chunk_size": 3},
+         {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 2}),
 )
 
 # Constructor arguments that configure the attention itself (the reference takes them too):
