@@ -92,6 +92,11 @@ class AttentionOptions:
             4's `attention_chunk_size` (transformers' `chunked_causal_mask_function`):
             position p attends j only if `floor(j / C) == floor(p / C)` (with the
             causal rule when causal), positions absolute (over a cache too).
+        qk_norm_full_width: with `qk_norm`, normalise the queries over all H * d
+            projected features and the keys over all H_kv * d (one norm each,
+            weights `(H * d,)` and `(H_kv * d,)`) instead of each head over d:
+            OLMo 2's and OLMo 3's `q_norm = RMSNorm(H * d)` (OLMo-core's
+            `use_head_qk_norm=False`), still before RoPE. Needs `qk_norm`.
 
     Example:
 
@@ -128,6 +133,7 @@ class AttentionOptions:
     query_scale_beta: float | None = None
     query_scale_length: int | None = None
     attention_chunk_size: int | None = None
+    qk_norm_full_width: bool = False
 
     def __post_init__(self):
         checked = {
@@ -146,6 +152,7 @@ class AttentionOptions:
                 "query_scale_length", self.query_scale_length, allow_none=True),
             "attention_chunk_size": check_positive_int(
                 "attention_chunk_size", self.attention_chunk_size, allow_none=True),
+            "qk_norm_full_width": bool(self.qk_norm_full_width),
         }
         if (self.query_scale_beta is None) != (self.query_scale_length is None):
             raise ValueError(
@@ -165,6 +172,11 @@ class AttentionOptions:
         if self.qk_norm not in QK_NORMS:
             raise ValueError(
                 f"`qk_norm` must be None, 'rms' or 'layer'. Received: qk_norm={self.qk_norm!r}")
+        if self.qk_norm_full_width and self.qk_norm is None:
+            raise ValueError(
+                "`qk_norm_full_width` says over which features `qk_norm` normalises, so it "
+                "needs `qk_norm` ('rms' or 'layer'). Received: qk_norm_full_width=True, "
+                "qk_norm=None")
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # normalised (NumPy ints -> int, ...)
 

@@ -96,7 +96,9 @@ class MultiHeadAttention(keras.layers.Layer):
             key/value head `n // (H / H_kv)`, as Keras's
             `GroupQueryAttention`; RoPE on queries and keys after qk-norm,
             at absolute bottom-right-aligned positions; qk-norm sublayers
-            `query_norm`, `key_norm`). Stored as `self.options`.
+            `query_norm`, `key_norm`, over d, or over H * d and H_kv * d with
+            `qk_norm_full_width`, OLMo 2's; `attention_chunk_size`: Llama 4's
+            chunked attention). Stored as `self.options`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Subclasses: `_compute_attention(query, key, value, attention_mask=None,
@@ -221,9 +223,11 @@ class MultiHeadAttention(keras.layers.Layer):
             setattr(self, name, projection.dense(self, units, name))
             getattr(self, name).build(shape)
         if self.qk_norm is not None:
+            # One norm over each head's d, or (OLMo 2) over all H * d / H_kv * d features.
+            widths = (H * d_k, H_kv * d_k) if self.qk_norm_full_width else (d_k, d_k)
             self.query_norm, self.key_norm = (projection.qk_norm_layer(
-                self.qk_norm, self.qk_norm_epsilon, d_k, self.dtype_policy, name)
-                for name in ("query_norm", "key_norm"))
+                self.qk_norm, self.qk_norm_epsilon, width, self.dtype_policy, name)
+                for name, width in zip(("query_norm", "key_norm"), widths, strict=True))
         if self.use_gate:
             self.gate_dense = projection.dense(self, H * d_v, "gate_dense", activation="sigmoid")
             self.gate_dense.build(query_shape)
@@ -333,8 +337,9 @@ class MultiHeadAttention(keras.layers.Layer):
             k = projection.project_heads(self.key_dense, key, H_kv, d_k)  # (B, S_new, H_kv, d_k)
             v = projection.project_heads(self.value_dense, value, H_kv, d_v)  # (B, S_new, H_kv, d_v)
         if self.qk_norm is not None:
-            q = self.query_norm(q)
-            k = None if read_only else self.key_norm(k)
+            norm = projection.full_width_norm if self.qk_norm_full_width else projection.head_norm
+            q = norm(self.query_norm, q)
+            k = None if read_only else norm(self.key_norm, k)
         if self.rope_max_wavelength is not None and not cached:
             q, k = projection.rope_heads(q, k, ops.shape(query)[1], ops.shape(key)[1], None,
                                          None, self.options)

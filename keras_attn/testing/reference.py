@@ -186,7 +186,8 @@ def _split_heads(x, num_heads):
 
 
 def _head_norm(x, params, kind, epsilon):
-    """Normalise each head's vectors `(B, H, L, d)` over d (qk-norm)."""
+    """Normalise over the last axis (qk-norm): each head's d of `(B, H, L, d)`, or the
+    whole width of a projection `(B, L, H * d)` (`qk_norm_full_width`)."""
     if kind == "rms":
         return rms_norm(x, params, epsilon)
     return layer_norm(x, params, epsilon)
@@ -198,7 +199,7 @@ def multi_head_attention(
     rope_scaling_factor=1.0, rope_interleaved=False, sliding_window=None,
     logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None, rope_type="default",
     use_sinks=False, query_scale_beta=None, query_scale_length=None, attention_chunk_size=None,
-    **rope_parameters,
+    qk_norm_full_width=False, **rope_parameters,
 ):
     """Multi-head attention, paper Section 3.2.2, with today's options.
 
@@ -216,7 +217,9 @@ def multi_head_attention(
     position p are then multiplied by `1 + b ln(1 + floor(p / n))`
     (Llama 4 / Ministral 3 attention scaling, transformers'
     `get_llama_4_attn_scale`), before the logits. `attention_chunk_size` C:
-    chunked attention (`chunked_mask`, Llama 4).
+    chunked attention (`chunked_mask`, Llama 4). `qk_norm_full_width`: the qk-norm
+    normalises all H * d query and H_kv * d key features of the projections, before
+    they are split into heads (OLMo 2), instead of each head's d.
     `mask` broadcasts to `(B, T, S)` or `(B, H, T, S)`. Returns
     `(B, T, out)` and the weights `(B, H, T, S)`.
     """
@@ -227,10 +230,14 @@ def multi_head_attention(
     key = query if key is None else key
     value = key if value is None else value
     kv_heads = num_key_value_heads or num_heads
-    q = _split_heads(dense(query, params["query"]), num_heads)  # (B, H, T, d_k)
-    k = _split_heads(dense(key, params["key"]), kv_heads)  # (B, H_kv, S, d_k)
+    q, k = dense(query, params["query"]), dense(key, params["key"])  # (B, L, heads * d_k)
+    if qk_norm is not None and qk_norm_full_width:
+        q = _head_norm(q, params["query_norm"], qk_norm, qk_norm_epsilon)
+        k = _head_norm(k, params["key_norm"], qk_norm, qk_norm_epsilon)
+    q = _split_heads(q, num_heads)  # (B, H, T, d_k)
+    k = _split_heads(k, kv_heads)  # (B, H_kv, S, d_k)
     v = _split_heads(dense(value, params["value"]), kv_heads)  # (B, H_kv, S, d_v)
-    if qk_norm is not None:
+    if qk_norm is not None and not qk_norm_full_width:
         q = _head_norm(q, params["query_norm"], qk_norm, qk_norm_epsilon)
         k = _head_norm(k, params["key_norm"], qk_norm, qk_norm_epsilon)
     if rope_max_wavelength is not None:
