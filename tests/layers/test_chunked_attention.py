@@ -228,3 +228,19 @@ def test_matches_transformers_llama4_no_rope_layer():
     ours = to_numpy(scaled(x, use_causal_mask=True))
     assert_close(ours[:, :3], tuned[:, :3], against="transformers")  # before the first step
     _far(ours[:, 3:4], tuned[:, 3:4], floor=1e-3)  # p = 3: theirs stepped, ours not yet
+
+
+def test_a_decoder_block_takes_the_chunks_as_a_keyword():
+    """An AttentionOptions field is a block keyword too: the block's self-attention."""
+    x = randn(rng(9), B, T, D)
+    block = keras_attn.TransformerDecoderLayer(H, intermediate_dim=8, attention_chunk_size=C,
+                                               normalize_first=True)
+    block.build((B, T, D))
+    randomize_weights(block, seed=10)
+    assert block.get_config()["attention_chunk_size"] == C
+    params = reference_params(block)
+    expected = reference.decoder_layer(params, x, H, normalize_first=True,
+                                       attention_options={"attention_chunk_size": C})
+    ours = to_numpy(block(x))
+    assert_close(ours, expected)
+    _far(ours, reference.decoder_layer(params, x, H, normalize_first=True))
