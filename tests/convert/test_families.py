@@ -151,7 +151,7 @@ def _hf_config(name):
 REFUSED = [
     ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
      "rope_type"),
-    ("llama", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "short_factor"),
+    ("llama", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type"),
     ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4,
                                    "low_freq_factor": 1.0}}, "low_freq_factor"),
     ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,

@@ -51,7 +51,8 @@ def spec(config):
         **core, qkv_bias=False, output_bias=False, mlp_bias=False, qk_norm=False,
         final_logit_soft_cap=None,
         layers=_shared.layer_specs(core["num_layers"], _shared.check_rotary_width(
-                                       _shared.rope_of(config, partial_rotary=True),
+                                       _shared.rope_of(config, partial_rotary=True,
+                                                       longrope=True),
                                        core["head_dim"], where),
                                    windows=[window] * core["num_layers"]))
 
