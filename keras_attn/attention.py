@@ -388,7 +388,8 @@ def _attend(query, key, value, mask, bias, sinks=None, *, spec, path, return_att
 
 def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
                  implementation="auto", dropout_rate=0.0, seed=None, training=False,
-                 return_attention_scores=False, cached=False, window_in_mask=False, sinks=None):
+                 return_attention_scores=False, cached=False, window_in_mask=False, sinks=None,
+                 bias=None):
     """The attention of projected heads in the layers' `(B, L, heads, d)` layout.
 
     What `keras_attn.MultiHeadAttention` calls: the policy picks the path for
@@ -406,6 +407,9 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
             already (a call over a cache): the kernel applies neither.
         mask: bool broadcastable to `(B, H, T, S)`, or None.
         sinks: `(H,)` sink logits (the layer's `sinks` weight), or None.
+        bias: an additive float bias broadcastable to `(B, H, T, S)` (heads-first:
+            `scaled_dot_product_attention`'s `bias`, added after the scale and the
+            soft-cap), or None. With it the fused path runs heads-first.
         implementation: a path's name, or a callable with the signature of
             `scaled_dot_product_attention` (flax's `attention_fn`): it gets
             heads-first `(B, H, T, d_k)` queries and `(B, H_kv, S, d)` keys
@@ -434,23 +438,26 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
             keywords["sinks"] = sinks
         if spec.attention_chunk_size is not None:  # the same: only when set
             keywords["attention_chunk_size"] = spec.attention_chunk_size
+        if bias is not None:  # likewise
+            keywords["bias"] = bias
         query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
         return (*_attention_fn_result(implementation, implementation(query, key, value, **keywords),
                                       return_attention_scores), True)
     path = select_implementation(
-        implementation, lead=(B, H), T=T, S=S, has_mask=mask is not None, has_bias=False,
+        implementation, lead=(B, H), T=T, S=S, has_mask=mask is not None,
+        has_bias=bias is not None,
         is_causal=is_causal, needs_weights=bool(return_attention_scores) or spec.drops,
         symbolic=isinstance(query, keras.KerasTensor), has_window=_banded_by_position(spec),
         unfusable=spec.unfusable, device=device_kind(query),
         cached=cached, backend=keras.backend.backend(), mode=execution_mode())
-    if path == "fused" and 0 not in (T, S):
+    if path == "fused" and 0 not in (T, S) and bias is None:
         # Keras's (B, T, H, d) layout: no transposes on our side.
         program = compiled(_fused_bthd, {"spec": spec.inference()}, _kernels_in_use())
         if program is not None:
             return program(query, key, value, mask, sinks), None, False
         return _fused_bthd(query, key, value, mask, sinks, spec=spec), None, False
     query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
-    attended = attend(path, query, key, value, mask, spec=spec, sinks=sinks,
+    attended = attend(path, query, key, value, mask, bias, spec=spec, sinks=sinks,
                       return_attention_scores=return_attention_scores)
     attended, scores = attended if return_attention_scores else (attended, None)
     return attended, scores, True

@@ -26,7 +26,8 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
              prompt: Tensor, max_length: int, cache: Any, *,
              end_token_id: int | Sequence[int] | Tensor | None = None,
              temperature: float = 0.0, top_k: int | None = None,
-             seed: int | keras.random.SeedGenerator | None = None) -> Tensor:
+             seed: int | keras.random.SeedGenerator | None = None,
+             recompute_cache_at: int | Sequence[int] | None = None) -> Tensor:
     """Extend `prompt` token by token up to `max_length`, greedy or sampled.
 
     The contract of `next_token_fn(token_ids, cache, cache_update_index)`:
@@ -81,6 +82,15 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             `argmax(logits / temperature + Gumbel noise)` is an exact
             sample), which keeps random state out of the compiled loop; it
             costs `(L - P) * B * V` floats.
+        recompute_cache_at: None, or sequence lengths N (an int or several):
+            the step that would feed the token at position N - 1 alone feeds
+            instead all N tokens so far at `cache_update_index` 0 (a second
+            prefill that rewrites the cache), when the prompt is shorter than
+            N. What transformers' Phi-3 does where longrope switches to its
+            long factors (`RopeSpec.cache_recompute_length`, which
+            `CausalLM.generate` passes): the cached keys, rotated with the short
+            factors, are recomputed, so that every step's logits are the
+            uncached forward's over the sequence so far.
 
     Returns:
         int32 `(B, L)`: the prompt, then the generated tokens.
@@ -143,8 +153,10 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
     top_k = check_positive_int("top_k", top_k, allow_none=True)
     stops = _stop_token_ids(end_token_id)  # a tuple of Python ints, () for None
     prompt = ops.cast(prompt, "int32")
+    recompute = _recompute_lengths(recompute_cache_at)
     tokens = _generate(next_token_fn, prompt, max_length, cache, stops=stops,
-                       end_token_id=end_token_id, temperature=temperature, top_k=top_k, seed=seed)
+                       end_token_id=end_token_id, temperature=temperature, top_k=top_k, seed=seed,
+                       recompute=recompute)
     check_generated(tokens, max_length)
     return tokens
 
@@ -161,8 +173,21 @@ def check_generated(tokens, max_length):
             f"Received: max_length={max_length}")
 
 
+def _recompute_lengths(value):
+    """`recompute_cache_at` as a sorted tuple of distinct positive ints (() for None)."""
+    if value is None:
+        return ()
+    values = [value] if isinstance(value, numbers.Integral) else value
+    if isinstance(value, str | bytes) or not hasattr(values, "__iter__") or not all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0
+            for v in values):
+        raise ValueError("`recompute_cache_at` must be None, a positive int or a sequence of "
+                         f"them (sequence lengths). Received: recompute_cache_at={value!r}")
+    return tuple(sorted({int(v) for v in values}))
+
+
 def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, temperature,
-              top_k, seed):
+              top_k, seed, recompute=()):
     """The prefill and the decoding loop, on checked arguments."""
     batch, prompt_length = static_shape(prompt)
     logits, cache = _check_returned(
@@ -230,8 +255,30 @@ def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, 
         tokens = ops.slice_update(tokens, [0, index + 1], ops.expand_dims(chosen, 1))
         return index + 1, tokens, cache, done
 
-    start = ops.convert_to_tensor(prompt_length, "int32")
-    _, tokens, _, _ = ops.while_loop(cond, body, (start, tokens, cache, done))
+    def until(stop):  # the loop over the indices up to `stop` (excluded)
+        def cond_until(index, tokens, cache, done):
+            return ops.logical_and(ops.less(index, stop), cond(index, tokens, cache, done))
+        return cond_until
+
+    def recompute_step(index, tokens, cache, done):
+        """At the (static) `index` N - 1: all N tokens so far, at cache index 0."""
+        token_ids = ops.maximum(ops.slice(tokens, [0, 0], [batch, index + 1]), 0)  # (B, N)
+        logits, cache = next_token_fn(token_ids, cache, ops.convert_to_tensor(0, "int32"))
+        chosen = choose(logits[:, -1], index - prompt_length + 1)
+        chosen, done = _finish(chosen, done, stops)
+        tokens = ops.slice_update(tokens, [0, index + 1], ops.expand_dims(chosen, 1))
+        return index + 1, tokens, cache, done
+
+    state = (ops.convert_to_tensor(prompt_length, "int32"), tokens, cache, done)
+    for length in recompute:
+        if not prompt_length < length <= max_length - 1:
+            continue  # the prompt is that long already, or no step reaches it
+        state = ops.while_loop(until(length - 1), body, state)
+        # The loop stops at N - 1 (or earlier when every row is done; the step then only
+        # writes stop tokens, which `_finish` gives done rows).
+        state = (ops.convert_to_tensor(length - 1, "int32"),) + tuple(
+            recompute_step(length - 1, *state[1:]))[1:]
+    _, tokens, _, _ = ops.while_loop(cond, body, state)
     return tokens
 
 

@@ -45,9 +45,9 @@ class AttentionOptions:
         rope_interleaved: pair features (2i, 2i + 1) instead of (i, i + d/2).
         rope_type: `"default"`, `"linear"` (both `theta_i /
             rope_scaling_factor`), `"llama3"` or `"yarn"`, with Hugging Face's
-            formulas (`keras_attn.rotary_embedding`); `"dynamic"` and
-            `"longrope"` are refused. Not `"default"` only with
-            `rope_max_wavelength`.
+            formulas (`keras_attn.rotary_embedding`), or `"longrope"`
+            (`rope_short_factor`, `rope_long_factor`); `"dynamic"` is
+            refused. Not `"default"` only with `rope_max_wavelength`.
         rope_low_freq_factor, rope_high_freq_factor: llama3's (Llama 3.1: 1
             and 4; high > low).
         rope_original_max_position_embeddings: llama3 and yarn (required
@@ -97,6 +97,16 @@ class AttentionOptions:
             weights `(H * d,)` and `(H_kv * d,)`) instead of each head over d:
             OLMo 2's and OLMo 3's `q_norm = RMSNorm(H * d)` (OLMo-core's
             `use_head_qk_norm=False`), still before RoPE. Needs `qk_norm`.
+        rope_short_factor, rope_long_factor: longrope's per-frequency divisors
+            (Phi-3.5, Phi-4-mini), or None; both required with `rope_type
+            "longrope"`, d/2 each (d the rotated width, checked with the head
+            width): `theta_i / rope_short_factor[i]`, or `/ rope_long_factor[i]`
+            in a call whose positions reach past
+            `rope_original_max_position_embeddings` (see
+            `keras_attn.rope.RopeSpec`, which also says how a cache and
+            `CausalLM.generate` switch). Tuples (JSON lists in configs).
+            `rope_scaling_factor` is transformers' `factor` there and sets only the
+            default `rope_attention_factor`.
 
     Example:
 
@@ -134,6 +144,8 @@ class AttentionOptions:
     query_scale_length: int | None = None
     attention_chunk_size: int | None = None
     qk_norm_full_width: bool = False
+    rope_short_factor: tuple | None = None
+    rope_long_factor: tuple | None = None
 
     def __post_init__(self):
         checked = {
@@ -202,7 +214,7 @@ class AttentionOptions:
                 "Rotary embeddings rotate pairs of features: the head width must be even when "
                 f"`rope_max_wavelength` is set. Received: key_dim={key_dim}")
         if self.rope is not None and key_dim is not None:
-            self.rope.rotary_dim(key_dim)  # the rotated slice is even
+            self.rope.check_width(key_dim, "rope_")  # even slice; longrope's list lengths
         return dataclasses.replace(self, num_key_value_heads=kv_heads)
 
     def get_config(self):

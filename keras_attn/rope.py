@@ -41,11 +41,16 @@ class RopeType:
             `rope_type` and `rope_theta`, as `{hf_key: RopeSpec field}`.
         required: the keys of `parameters` that must be given (transformers raises a
             `KeyError` without them; yarn defaults its own).
+        long_frequencies: None, or `(spec, d) -> (theta, attention_factor)` used
+            instead of `frequencies` by a call whose positions reach past
+            `original_max_position_embeddings` (`max(positions) + 1 > original`:
+            transformers' `longrope_frequency_update`), the same for all its positions.
     """
 
     frequencies: Callable
     parameters: Mapping = dataclasses.field(default_factory=dict)
     required: tuple = ()
+    long_frequencies: Callable | None = None
 
 
 def _base_frequencies(spec, dim):
@@ -99,6 +104,27 @@ def _yarn(spec, dim):
     return theta, float(attention_factor)
 
 
+def _longrope_attention_factor(spec):
+    if spec.attention_factor is not None:
+        return spec.attention_factor
+    factor = spec.scaling_factor  # transformers' `factor` (or max / original positions)
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(spec.original_max_position_embeddings))
+
+
+def _longrope_with(name):
+    def frequencies(spec, dim):
+        factors = getattr(spec, name)
+        if len(factors) != dim // 2:
+            raise ValueError(
+                f"`{name}` holds one factor per rotated frequency: {dim // 2} for a rotated "
+                f"width {dim}. Received: {name} of length {len(factors)}")
+        return (_base_frequencies(spec, dim) / np.asarray(factors, np.float64),
+                _longrope_attention_factor(spec))
+    return frequencies
+
+
 _CONTEXT = {"original_max_position_embeddings": "original_max_position_embeddings"}
 _PARTIAL = {"partial_rotary_factor": "partial_rotary_factor"}  # every type: a slice of d
 # rope_type -> RopeType, with Hugging Face's formulas (`modeling_rope_utils.py`). "default"
@@ -116,9 +142,19 @@ ROPE_TYPES = {
                              "beta_slow": "beta_slow", "attention_factor": "attention_factor",
                              "mscale": "mscale", "mscale_all_dim": "mscale_all_dim",
                              "truncate": "truncate", **_CONTEXT, **_PARTIAL}),
+    # Phi-3.5 / Phi-4-mini: theta_i / short_factor[i], or / long_factor[i] for a call whose
+    # positions reach past original_max_position_embeddings; `factor` only sets the
+    # default attention factor sqrt(1 + ln(factor) / ln(original)).
+    "longrope": RopeType(_longrope_with("short_factor"),
+                         {"short_factor": "short_factor", "long_factor": "long_factor",
+                          "factor": "scaling_factor", "attention_factor": "attention_factor",
+                          **_CONTEXT, **_PARTIAL},
+                         required=("short_factor", "long_factor",
+                                   "original_max_position_embeddings"),
+                         long_frequencies=_longrope_with("long_factor")),
 }
-# Their frequencies depend on the sequence length (dynamic) or on per-frequency lists.
-REFUSED_ROPE_TYPES = ("dynamic", "longrope")
+# Their frequencies depend on the sequence length itself (dynamic NTK).
+REFUSED_ROPE_TYPES = ("dynamic",)
 
 
 def _non_negative(name, value):
@@ -129,6 +165,24 @@ def _non_negative(name, value):
         raise ValueError(
             f"`{name}` must be None or a non-negative, finite number. Received: {name}={value!r}")
     return float(value)
+
+
+def _factors(name, value):
+    """A list of positive, finite numbers as a tuple of floats (JSON gives lists), or None."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes | Mapping) or not hasattr(value, "__iter__"):
+        raise ValueError(f"`{name}` must be None or a sequence of positive, finite numbers. "
+                         f"Received: {name}={value!r}")
+    items = list(value)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, numbers.Real) or not (
+                item > 0 and math.isfinite(item)):
+            raise ValueError(f"`{name}` must be None or a sequence of positive, finite "
+                             f"numbers. Received: {name}={value!r}")
+    if not items:
+        raise ValueError(f"`{name}` must not be empty. Received: {name}={value!r}")
+    return tuple(float(item) for item in items)
 
 
 def check_rope(values, prefix=""):
@@ -142,7 +196,7 @@ def check_rope(values, prefix=""):
     if rope_type in REFUSED_ROPE_TYPES:
         raise ValueError(
             f"`rope_type` {rope_type!r} is not supported (its frequencies depend on the sequence "
-            f"length or on per-frequency factors); supported: {', '.join(map(repr, ROPE_TYPES))}. "
+            f"length); supported: {', '.join(map(repr, ROPE_TYPES))}. "
             f"Received: rope_type={rope_type!r}")
     if rope_type not in ROPE_TYPES:
         raise ValueError(
@@ -163,8 +217,13 @@ def check_rope(values, prefix=""):
     if checked["partial_rotary_factor"] > 1:
         raise ValueError(f"`{name}` is the rotated share of each head, in (0, 1]. "
                          f"Received: {name}={values['partial_rotary_factor']!r}")
+    for name in ("short_factor", "long_factor"):
+        checked[name] = _factors(prefix + name, values.get(name))
+        if rope_type == "longrope" and checked[name] is None:
+            raise ValueError(f"`rope_type='longrope'` needs `{prefix + name}` (one factor per "
+                             f"rotated frequency). Received: {prefix + name}=None")
     name = prefix + "original_max_position_embeddings"
-    if rope_type in ("llama3", "yarn") and checked["original_max_position_embeddings"] is None:
+    if rope_type in ("llama3", "yarn", "longrope") and checked["original_max_position_embeddings"] is None:
         raise ValueError(
             f"`rope_type={rope_type!r}` needs `{name}` (the context length of pretraining). "
             f"Received: {name}=None")
@@ -192,8 +251,8 @@ class RopeSpec:
             for llama3 and yarn, transformers' `factor`.
         interleaved: pair features (2i, 2i + 1) (the paper, GPT-J) instead of
             (i, i + d/2) (Llama, the default).
-        rope_type: a key of `ROPE_TYPES`: `"default"`, `"linear"`, `"llama3"`
-            or `"yarn"` (`"dynamic"` and `"longrope"` are refused).
+        rope_type: a key of `ROPE_TYPES`: `"default"`, `"linear"`, `"llama3"`,
+            `"yarn"` or `"longrope"` (`"dynamic"` is refused).
         low_freq_factor, high_freq_factor: llama3's (Llama 3.1: 1 and 4).
         original_max_position_embeddings: llama3 and yarn (required there):
             the context length of pretraining.
@@ -203,6 +262,23 @@ class RopeSpec:
         mscale, mscale_all_dim: yarn's (DeepSeek): both set, the attention
             factor is the ratio of `0.1 m ln s + 1` for the two.
         truncate: yarn's: round the ramp's bounds to whole frequencies.
+        short_factor, long_factor: longrope's (Phi-3.5, Phi-4-mini; required
+            there): one divisor per rotated frequency (d/2 each, d the rotated
+            width), `theta_i / short_factor[i]`, or `theta_i / long_factor[i]` in
+            a call whose positions reach past `original_max_position_embeddings`
+            (`max(positions) + 1 > original_max_position_embeddings`, for all of
+            that call's positions, as transformers' `longrope_frequency_update`).
+            So an uncached forward over T > original tokens rotates its first
+            positions otherwise than a forward over fewer: it is not
+            prefix-consistent, as in transformers; over a cache, each call
+            rotates its new keys by its own positions and the cached keys keep
+            theirs (`CausalLM.generate` recomputes the cache once at the switch,
+            as Phi-3's `prepare_inputs_for_generation` does, so that greedy
+            generation is the uncached forward's). longrope's `scaling_factor`
+            is transformers' `factor` (the config's `max_position_embeddings /
+            original_max_position_embeddings` when not given) and only sets the
+            default `attention_factor`, `sqrt(1 + ln(factor) / ln(original))`
+            (1 for a factor <= 1). Tuples of floats (JSON lists in configs).
         partial_rotary_factor: the share of each head that is rotated, in
             (0, 1]: the leading `int(d * partial_rotary_factor)` features
             (transformers' truncation; it must be even), paired within that
@@ -237,6 +313,8 @@ class RopeSpec:
     mscale_all_dim: float | None = None
     truncate: bool = True
     partial_rotary_factor: float = 1.0
+    short_factor: tuple | None = None
+    long_factor: tuple | None = None
 
     def __post_init__(self):
         self._set(check_rope(dataclasses.asdict(self)))
@@ -258,6 +336,35 @@ class RopeSpec:
         """`(theta, attention_factor)`: the dim/2 inverse frequencies (float64 NumPy) and
         the multiplier of cos and sin, for a rotated width `dim` (`rotary_dim(d)`)."""
         return ROPE_TYPES[self.rope_type].frequencies(self, dim)
+
+    def long_frequencies(self, dim):
+        """`(theta, attention_factor)` of a call whose positions reach past
+        `original_max_position_embeddings`, or None where the type has no such switch."""
+        long = ROPE_TYPES[self.rope_type].long_frequencies
+        return None if long is None else long(self, dim)
+
+    @property
+    def cache_recompute_length(self):
+        """The sequence length at which a cache written before must be recomputed, or None:
+        longrope's `original_max_position_embeddings + 1` (the first call past it rotates
+        with the long factors, and transformers' Phi-3 drops the cache there)."""
+        if ROPE_TYPES[self.rope_type].long_frequencies is None:
+            return None
+        return self.original_max_position_embeddings + 1
+
+    def check_width(self, head_dim, prefix=""):
+        """`rotary_dim(head_dim)`, with longrope's factor lists checked against it
+        (d/2 each; a `ValueError` naming `prefix + field` otherwise)."""
+        dim = self.rotary_dim(head_dim)
+        if self.rope_type == "longrope":
+            for name in ("short_factor", "long_factor"):
+                factors = getattr(self, name)
+                if len(factors) != dim // 2:
+                    raise ValueError(
+                        f"`{prefix}{name}` holds one factor per rotated frequency: {dim // 2} "
+                        f"for head_dim={head_dim} (rotated width {dim}). Received: "
+                        f"{prefix}{name} of length {len(factors)}")
+        return dim
 
     @functools.cached_property
     def whole_head(self):
@@ -297,7 +404,8 @@ class RopeSpec:
 
         Every key must be one its `rope_type` reads: any other, and a required one
         missing, is refused with a `ValueError` naming `where[key]`.
-        `max_position_embeddings` is the config's (yarn's defaults use it).
+        `max_position_embeddings` is the config's (yarn's defaults use it, and
+        longrope's `factor` when not given).
         """
         def refuse(key, value, why):  # the converters' wording (`_transformers_config`)
             field = where if key is None else f"{where}[{key!r}]"
@@ -338,6 +446,13 @@ class RopeSpec:
                 params["attention_factor"] = (
                     _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
                     if mscale and mscale_all_dim else _yarn_mscale(factor))
+        if rope_type == "longrope" and params.get("factor") is None:
+            # transformers' Phi-3 divergence: the factor is the context's growth
+            original = params.get("original_max_position_embeddings")
+            if original and max_position_embeddings:
+                params["factor"] = max_position_embeddings / original
+            else:
+                params.pop("factor", None)
         for key in kind.required:
             if params.get(key) is None:
                 refuse(key, params.get(key), f"rope_type {rope_type!r} needs it")

@@ -21,7 +21,13 @@ transformers' formulas (`modeling_rope_utils.py`; `scaling_factor` is their
   frequencies), and cos and sin multiplied by `attention_factor` (default
   `0.1 ln(scaling_factor) + 1`, or the ratio of that with `mscale` and with
   `mscale_all_dim` when both are set, as DeepSeek's configs give).
-`"dynamic"` and `"longrope"` are refused. The arguments make a
+- `"longrope"` (Phi-3.5, Phi-4-mini): `theta_i / short_factor[i]`, or
+  `theta_i / long_factor[i]` for all the positions of a call whose largest
+  position reaches past `original_max_position_embeddings` (`max(p) + 1 >
+  original`, transformers' `longrope_frequency_update`: a traced switch), cos
+  and sin times `attention_factor` (default `sqrt(1 + ln(scaling_factor) /
+  ln(original))`).
+`"dynamic"` is refused. The arguments make a
 `keras_attn.rope.RopeSpec`, whose registry `ROPE_TYPES` holds each type's
 frequency function. The frequencies depend only on constants: they are computed
 once in float64 NumPy and enter as a constant.
@@ -65,6 +71,12 @@ def _angles(positions, dim, rope, dtype):
     else:
         theta, factor = rope.frequencies(dim)  # constants: float64 NumPy, once per trace
         theta = ops.convert_to_tensor(np.asarray(theta, dtype), dtype=dtype)  # (d/2,)
+        long = rope.long_frequencies(dim)
+        if long is not None:  # longrope: the long factors for a call past the context
+            beyond = ops.greater(ops.max(ops.cast(positions, "int32")) + 1,
+                                 rope.original_max_position_embeddings)  # a scalar bool
+            theta = ops.where(beyond, ops.convert_to_tensor(np.asarray(long[0], dtype),
+                                                            dtype=dtype), theta)
     return ops.expand_dims(ops.cast(positions, dtype), -1) * theta, factor  # (..., L, d/2)
 
 
@@ -85,7 +97,8 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
                      beta_fast: float = 32.0, beta_slow: float = 1.0,
                      attention_factor: float | None = None, mscale: float | None = None,
                      mscale_all_dim: float | None = None, truncate: bool = True,
-                     feature_axis: int = -1, partial_rotary_factor: float = 1.0) -> Tensor:
+                     feature_axis: int = -1, partial_rotary_factor: float = 1.0,
+                     short_factor=None, long_factor=None) -> Tensor:
     """Rotate the features of `x` (its last axis by default) by their positions.
 
     Args:
@@ -126,6 +139,9 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
         partial_rotary_factor: rotate the leading `int(d * factor)` features
             only (even), with the frequencies of that width; the rest pass
             unchanged (transformers' `partial_rotary_factor`; 1: all).
+        short_factor: longrope: the d/2 divisors of the frequencies.
+        long_factor: longrope: the d/2 divisors used instead when
+            `max(positions) + 1 > original_max_position_embeddings`.
 
     Returns:
         A tensor of the shape and dtype of `x`.
@@ -147,7 +163,8 @@ def rotary_embedding(x: Tensor, positions: Tensor | None = None, start_index: in
                  "beta_fast": beta_fast, "beta_slow": beta_slow,
                  "attention_factor": attention_factor, "mscale": mscale,
                  "mscale_all_dim": mscale_all_dim, "truncate": truncate,
-                 "partial_rotary_factor": partial_rotary_factor}
+                 "partial_rotary_factor": partial_rotary_factor,
+                 "short_factor": short_factor, "long_factor": long_factor}
     rope: RopeSpec | _TensorRope
     if rope_type in ("default", "linear") and not (
             _is_number(max_wavelength) and _is_number(scaling_factor)):
@@ -287,6 +304,9 @@ class RotaryEmbedding(keras.layers.Layer):
             `sequence_axis`: the features are rotated as if moved last.
         partial_rotary_factor: rotate the leading `int(d * factor)` features
             only (transformers' name; 1: all).
+        short_factor: longrope's d/2 frequency divisors.
+        long_factor: longrope's d/2 divisors past
+            `original_max_position_embeddings`.
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -324,7 +344,7 @@ class RotaryEmbedding(keras.layers.Layer):
                  attention_factor: float | None = None, mscale: float | None = None,
                  mscale_all_dim: float | None = None, truncate: bool = True,
                  feature_axis: int = -1, partial_rotary_factor: float = 1.0,
-                 **kwargs) -> None:
+                 short_factor=None, long_factor=None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.sequence_axis = _check_int("sequence_axis", sequence_axis)
         self.feature_axis = _check_int("feature_axis", feature_axis)
@@ -339,7 +359,8 @@ class RotaryEmbedding(keras.layers.Layer):
             original_max_position_embeddings=original_max_position_embeddings,
             beta_fast=beta_fast, beta_slow=beta_slow, attention_factor=attention_factor,
             mscale=mscale, mscale_all_dim=mscale_all_dim, truncate=truncate,
-            partial_rotary_factor=partial_rotary_factor)
+            partial_rotary_factor=partial_rotary_factor, short_factor=short_factor,
+            long_factor=long_factor)
         self.supports_masking = True
         self.built = True
 

@@ -112,6 +112,29 @@ CASES = {
                          "llama_4_scaling_beta": 0.1}),
         15, ("query scale removed (llama_4_scaling_beta ignored)", "config",
              {"where": "all", "query_scale_beta": None, "query_scale_length": None})),
+    # Issue 33: longrope (Phi-3.5-style, full rotary): original_max_position_embeddings 16
+    # (top level, as Phi-3's configs) and 64, so the T = 24 logits use the long factors and
+    # generation from P = 8 switches at length 17. The factor lists are cut to d/2 of the
+    # rotated width (`config_kwargs`). Ablation: the switch never happens.
+    "phi3_longrope": ("Phi3Config", dict(
+        num_hidden_layers=2, head_dim=16, tie_word_embeddings=False,
+        original_max_position_embeddings=16, max_position_embeddings=64,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                         "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                         "long_factor": [1.2, 1.9, 3.0, 4.7, 7.4, 11.6, 18.3, 28.8]}),
+        27, ("never the long factors (original_max_position_embeddings 16 -> 64)", "config",
+             {"where": "all", "rope_original_max_position_embeddings": 64})),
+    # Phi-4-mini-style: longrope over a partial rotary slice (0.75 of each head), the
+    # attention factor from the default factor 64 / 16. Ablation: no attention factor.
+    "phi4_mini_longrope": ("Phi3Config", dict(
+        num_hidden_layers=2, head_dim=16, tie_word_embeddings=True, partial_rotary_factor=0.75,
+        original_max_position_embeddings=16, max_position_embeddings=64,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                         "partial_rotary_factor": 0.75,
+                         "short_factor": [1.0, 1.2, 1.5, 1.9, 2.4, 3.0, 3.7, 4.5],
+                         "long_factor": [1.0, 2.2, 3.9, 6.8, 11.0, 17.5, 27.0, 40.0]}),
+        17, ("attention factor sqrt(1 + ln 4 / ln 16) -> 1", "config",
+             {"where": "all", "rope_attention_factor": 1.0})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -131,6 +154,12 @@ def config_kwargs(name, small=False):
             kwargs["sliding_window"] = 4
         if "query_pre_attn_scalar" in kwargs:
             kwargs["query_pre_attn_scalar"] = 12
+    params = kwargs.get("rope_parameters")
+    if isinstance(params, dict) and params.get("rope_type") == "longrope":
+        head_dim = kwargs.get("head_dim") or kwargs["hidden_size"] // kwargs["num_attention_heads"]
+        half = int(head_dim * params.get("partial_rotary_factor", 1.0)) // 2
+        kwargs["rope_parameters"] = {**params, "short_factor": params["short_factor"][:half],
+                                     "long_factor": params["long_factor"][:half]}
     return kwargs
 
 

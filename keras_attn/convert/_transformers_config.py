@@ -87,6 +87,10 @@ class ModelSpec:
     gated_feed_forward: bool = True  # gate * up (SwiGLU, GeGLU); False: up then down
     residual_scale: float | None = None  # every residual branch times it (Granite)
     logits_scaling: float | None = None  # the logits divided by it (Granite)
+    # (config field, value) when every block's feed-forward is a mixture of experts, which
+    # keras_attn does not build yet (issue 34): the block and model converters refuse it,
+    # naming the field; the attention converter converts the attention alone (gpt-oss).
+    mixture_of_experts: tuple | None = None
 
 
 def table_of(fields):
@@ -156,7 +160,7 @@ def check_fields(config, family, fields):
                 "config if it does")
 
 
-def _rope(params, where, max_positions, *, partial_rotary=False):
+def _rope(params, where, max_positions, *, partial_rotary=False, longrope=False):
     """AttentionOptions RoPE fields from one `rope_parameters` dict (named `where` in errors):
     `keras_attn.rope.RopeSpec.from_rope_parameters`, flat (`rope_max_wavelength`,
     `rope_type` and the fields that differ from their defaults).
@@ -164,7 +168,18 @@ def _rope(params, where, max_positions, *, partial_rotary=False):
     `partial_rotary`: the family's modeling rotates a leading slice of each head
     (`partial_rotary_factor`: Phi-3, GLM-4); elsewhere a factor other than 1 is refused,
     as those modelings rotate the whole head whatever the config says.
+    `longrope`: the family's generation recomputes its cache at longrope's switch, as
+    `CausalLM.generate` does (Phi-3's `prepare_inputs_for_generation`); elsewhere
+    transformers keeps the short-rotated keys past the switch, which keras_attn's
+    `generate` does not reproduce, so longrope is refused.
     """
+    kind = (params.get("rope_type", params.get("type")) if isinstance(params, Mapping)
+            else None)
+    if not longrope and kind == "longrope":
+        _refuse(f"{where}['rope_type']", kind,
+                "this family's transformers generation keeps its cache across longrope's "
+                "switch to the long factors; keras_attn's generate recomputes it there, as "
+                "Phi-3's does (the phi3 family reads longrope)")
     partial = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
     if not partial_rotary and partial not in (None, 1, 1.0):
         _refuse(f"{where}['partial_rotary_factor']", partial,

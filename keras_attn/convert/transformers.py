@@ -2,8 +2,9 @@
 
 Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
 `gemma2`, `gemma3_text`, `starcoder2`, `gemma`, `phi3`, `granite`, `ministral` and
-`smollm3`, each a module of `keras_attn.convert.families` (its fields, its spec, and
-its own weight names renamed or split into the Llama layout mapped below).
+`smollm3` (and `gpt_oss`'s attention: its blocks' mixture of experts is refused), each
+a module of `keras_attn.convert.families` (its fields, its spec, and its own weight names
+renamed or split into the Llama layout mapped below).
 transformers is never imported: configs are
 read through `to_dict()` (or are plain dicts, a `config.json`), tensors
 through `keras_attn.convert._common.to_numpy`. The config's fields are
@@ -18,7 +19,8 @@ Mapping (`W` a torch `Linear` weight `(out, in)`, a Keras kernel is `W.T`):
 `self_attn.{q,k,v,o}_proj` to `self_attention.{query,key,value,output}_dense`,
 `self_attn.{q,k}_norm` to `self_attention.{query,key}_norm`,
 `input_layernorm` to `self_attention_norm`, `mlp.{gate,up,down}_proj` to
-`feed_forward.{gate,intermediate,output}_dense`; Llama-style layers map
+`feed_forward.{gate,intermediate,output}_dense`, `self_attn.sinks` (gpt-oss) to
+`self_attention.sinks` where the layer has `use_sinks`; Llama-style layers map
 `post_attention_layernorm` to `feed_forward_norm`, Gemma's (four norms) map
 it to `post_attention_norm`, `pre_feedforward_layernorm` to
 `feed_forward_norm` and `post_feedforward_layernorm` to
@@ -87,6 +89,12 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
     weights = {"query": (q.T, bias.get("q")), "key": (k.T, bias.get("k")),
                "value": (v.T, bias.get("v")), "output": (o.T, bias.get("o"))}
     plan = _common.mha_plan(layer, weights)
+    if getattr(layer, "use_sinks", False):  # attention sinks: one logit per query head
+        w = check(entries, sub + "sinks", (H,), "(H,)", f"num_attention_heads={H}")
+        plan.append((layer.sinks, w, "sinks"))
+    elif entries.has(sub + "sinks"):
+        raise ValueError(f"The config and the weights disagree: the layer has no attention "
+                         f"sinks, but state_dict has {entries.key(sub + 'sinks')}.")
     if spec.qk_norm:
         for part, norm in (("q", layer.query_norm), ("k", layer.key_norm)):
             w = check(entries, f"{sub}{part}_norm.weight", (d,), "(d,)", f"head_dim={d}")
@@ -94,8 +102,20 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
     return plan
 
 
+def _check_feed_forward(spec: ModelSpec):
+    """Refuse, naming the config field, a feed-forward keras_attn does not build."""
+    if spec.mixture_of_experts is not None:
+        field, value = spec.mixture_of_experts
+        raise ValueError(
+            f"config field `{field}` is not supported (every block's feed-forward of "
+            f"{spec.family!r} is a mixture of experts, which keras_attn does not convert yet: "
+            "issue 34 will add it; `multi_head_attention_from_transformers` converts each "
+            f"block's attention). Received: {field}={value!r}")
+
+
 def _block(spec: ModelSpec, index, name=None, dtype=None):
     """The unbuilt `TransformerDecoderLayer` of layer `index`."""
+    _check_feed_forward(spec)
     return TransformerDecoderLayer(
         spec.num_heads, intermediate_dim=spec.intermediate_dim, key_dim=spec.head_dim,
         num_key_value_heads=spec.num_key_value_heads, normalization=spec.normalization,
@@ -292,6 +312,7 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
     else:
         config = model_or_config
     spec = read_config(config)
+    _check_feed_forward(spec)  # before any weight is read
     entries = _entries(state_dict, spec)
     V, D = spec.vocabulary_size, spec.hidden_dim
     sizes = f"vocab_size={V}, hidden_size={D}"

@@ -34,6 +34,8 @@ and only those `extras` that apply to this call:
     - `cache` and `cache_update_index` (a decoder called with
       `self_attention_cache`): the T new tokens are positions
       `cache_update_index + i`; S is then the cache's length.
+    - `attention_bias`: float, broadcastable to `(B, H, T, S)`, added to the
+      logits (when the block's caller passes `attention_bias`).
 The keys are the queries (self-attention: no `value` or `key` is passed).
 It returns the output `(B, T, D)`; `(output, scores)` when asked for the
 scores; with a cache, `(output, new_cache)` or `(output, scores,

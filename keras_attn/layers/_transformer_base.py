@@ -40,7 +40,10 @@ class TransformerLayerBase(keras.layers.Layer):
 
     `attention=` and `feed_forward=` (a layer or a factory, see
     `keras_attn.layers._sublayers` for the contract) replace the default
-    sublayers; `residual_scale` multiplies every residual branch.
+    sublayers; `residual_scale` multiplies every residual branch; `use_gate`
+    gives the default self-attention Keras's gated output (`MultiHeadAttention`'s
+    `use_gate`: `attended * sigmoid(query W_g + b_g)`, arXiv 2505.06708, Qwen3-Next;
+    a decoder's cross-attention stays ungated).
     """
 
     # Whether the block has a default cross-attention that the attention arguments other
@@ -79,6 +82,7 @@ class TransformerLayerBase(keras.layers.Layer):
         attention: keras.layers.Layer | Callable | dict | None = None,
         feed_forward: keras.layers.Layer | Callable | dict | None = None,
         residual_scale: float | None = None,
+        use_gate: bool = False,
         **kwargs,
     ) -> None:
         if args:
@@ -107,6 +111,8 @@ class TransformerLayerBase(keras.layers.Layer):
             check_ignored("attention", "self-attention", {
                 **{k: v for k, v in flat.items() if v != _ATTENTION_ARGUMENTS[k]},
                 **{k: v for k, v in options.get_config().items() if v != _DEFAULT_OPTIONS[k]}})
+        if self._attention_given and use_gate:
+            check_ignored("attention", "self-attention", {"use_gate": use_gate})
         if self._feed_forward_given:
             flat = {"intermediate_dim": intermediate_dim, "gated_feed_forward": gated_feed_forward,
                     "feed_forward_use_bias": feed_forward_use_bias}
@@ -155,6 +161,9 @@ class TransformerLayerBase(keras.layers.Layer):
                         else options.for_heads(self.num_heads, self.key_dim))
         self.residual_scale = check_positive_float("residual_scale", residual_scale,
                                                    allow_none=True)
+        if not isinstance(use_gate, bool):
+            raise ValueError(f"`use_gate` must be a bool. Received: use_gate={use_gate!r}")
+        self.use_gate = use_gate
         # Made now (the config holds them before the block is built), and attached as
         # `self_attention` / `feed_forward` in `build`, where the defaults are: the block's
         # weights then come in the default's order (`get_weights`, `set_weights`).
@@ -183,8 +192,11 @@ class TransformerLayerBase(keras.layers.Layer):
         }
 
     def _attention(self, name, model_dim, query_shape, key_shape, self_attention=True):
-        """An attention sublayer; the GQA/RoPE/window/cap/qk-norm options are self-attention's."""
+        """An attention sublayer; the GQA/RoPE/window/cap/qk-norm options and the gate are
+        self-attention's."""
         options = self.options.get_config() if self_attention else {}
+        if self_attention and self.use_gate:
+            options["use_gate"] = True
         layer = MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=self._head_dim(model_dim),
@@ -259,17 +271,19 @@ class TransformerLayerBase(keras.layers.Layer):
 
     @staticmethod
     def _attention_fn(layer, key, key_mask, attention_mask, causal, training, scores,
-                      cache=None, cache_update_index=None):
+                      cache=None, cache_update_index=None, *, bias=None):
         """`x -> (y, scores or None, new cache or None)` of `layer(x, key, ...)`.
 
-        `scores`: whether to ask for the attention weights. Only the arguments
+        `scores`: whether to ask for the attention weights; `bias`: the additive
+        `attention_bias` of the call, or None. Only the arguments
         that apply to this call are passed (the contract in `_sublayers`), so a
         given attention layer need not know what the block does not use.
         """
 
         def attend(x):
             kwargs = {"use_causal_mask": causal, "training": training}
-            extras = {"value": key, "attention_mask": attention_mask, "value_mask": key_mask}
+            extras = {"value": key, "attention_mask": attention_mask, "value_mask": key_mask,
+                      "attention_bias": bias}
             kwargs.update({k: v for k, v in extras.items() if v is not None})
             if scores:
                 kwargs["return_attention_scores"] = True
@@ -347,4 +361,6 @@ class TransformerLayerBase(keras.layers.Layer):
             config["feed_forward"] = keras.saving.serialize_keras_object(self._given.feed_forward)
         if self.residual_scale is not None:
             config["residual_scale"] = self.residual_scale
+        if self.use_gate:  # absent when False: older configs load, default configs are today's
+            config["use_gate"] = True
         return config

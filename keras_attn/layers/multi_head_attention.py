@@ -8,12 +8,19 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn import cache as kv_cache
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Initializer
-from keras_attn._validation import as_bool_mask, check_dropout, check_positive_int, check_rank
+from keras_attn._validation import (
+    as_bool_mask,
+    check_broadcastable,
+    check_dropout,
+    check_positive_int,
+    check_rank,
+)
 from keras_attn.attention import attend_heads, combine_masks
 from keras_attn.layers import _keras_compat as compat
 from keras_attn.layers import _projection as projection
@@ -140,6 +147,14 @@ class MultiHeadAttention(keras.layers.Layer):
             causal, window) follow it; unwritten slots are never attended.
             None with a cache: read-only (cross-attention), every slot counts
             as written (fill it whole, or mask the rest with `key_mask`).
+        attention_bias: an additive float bias on the logits, broadcastable
+            to `(B, H, T, S)` (S = S_max with a cache: over its slots), or
+            None: added after the scale and the soft-cap, before the softmax
+            (`keras_attn.scaled_dot_product_attention`'s `bias`; T5's relative
+            position bias, ALiBi's slopes; -inf forbids a key). A bool or
+            integer tensor is a `ValueError` (a mask goes in `attention_mask`),
+            as is one that does not broadcast; so is a bias with a subclass's
+            own `_compute_attention` (Keras's hook takes none).
 
     Returns:
         The output `(B, T, output_dim)`, and with
@@ -240,7 +255,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def call(self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None,
              attention_mask=None, return_attention_scores=False, training=None,
-             use_causal_mask=False, mask=None, cache=None, cache_update_index=None):
+             use_causal_mask=False, mask=None, cache=None, cache_update_index=None,
+             attention_bias=None):
         compat.check_flash_attention(self._flash_attention,
                                      return_attention_scores=return_attention_scores)
         cache_in = kv_cache.KVCache.of(cache, cache_update_index)  # a tensor: keras-hub's layout
@@ -274,14 +290,16 @@ class MultiHeadAttention(keras.layers.Layer):
         mask_4d = compat.merge_masks(B, T, S_all, H, attention_mask, key_padding)
         if step is not None:
             mask_4d = combine_masks(mask_4d, step.mask)
-        if type(self)._compute_attention is not MultiHeadAttention._compute_attention:
+        hooked = type(self)._compute_attention is not MultiHeadAttention._compute_attention
+        bias = _check_attention_bias(attention_bias, (B, H, T, S_all), hooked)
+        if hooked:
             attended, scores, heads_first = compat.call_keras_hook(
                 self, q, k, v, mask_4d, training, return_attention_scores, is_causal, window,
                 attention_chunk_size=chunk)
         else:
             attended, scores, heads_first = self._attend(
                 q, k, v, mask_4d, is_causal, cache is not None, training, return_attention_scores,
-                cache is not None)
+                cache is not None, bias)
         if self.use_gate:
             attended = projection.gate(self.gate_dense, query, attended, H, d_v, heads_first)
         output = projection.project_output(self.output_dense, attended, H, d_v, heads_first)
@@ -311,15 +329,17 @@ class MultiHeadAttention(keras.layers.Layer):
             return_attention_scores, False)
         return (ops.swapaxes(attended, 1, 2) if heads_first else attended), scores
 
-    def _attend(self, q, k, v, mask, is_causal, in_mask, training, return_scores, cached):
+    def _attend(self, q, k, v, mask, is_causal, in_mask, training, return_scores, cached,
+                bias=None):
         """`keras_attn.attention.attend_heads` with this layer's settings (`in_mask`: the
         window and the chunks are in `mask` already, or not for this call: a cache's
-        mask, Keras's `_compute_attention`)."""
+        mask, Keras's `_compute_attention`; `bias` `(B|1, H|1, T|1, S|1)` or None)."""
         return attend_heads(
             q, k, v, self.options, mask=mask, is_causal=is_causal, window_in_mask=in_mask,
             implementation=self.implementation, dropout_rate=self.dropout,
             seed=self.seed_generator, training=training, return_attention_scores=return_scores,
-            cached=cached, sinks=ops.convert_to_tensor(self.sinks) if self.use_sinks else None)
+            cached=cached, sinks=ops.convert_to_tensor(self.sinks) if self.use_sinks else None,
+            bias=bias)
 
     def _project(self, query, key, value, cached=False, read_only=False):
         """`(q, k, v)` in `(B, L, heads, d)` after qk-norm, and RoPE and the query scale
@@ -376,6 +396,31 @@ class MultiHeadAttention(keras.layers.Layer):
             **self.options.get_config(),
         })
         return config
+
+
+def _check_attention_bias(bias, target, hooked):
+    """`bias` as a rank-4 tensor broadcastable to `target` `(B, H, T, S)`, or None; a
+    `ValueError` naming `attention_bias` for a mask's dtype or a shape that does not fit."""
+    if bias is None:
+        return None
+    if not hasattr(bias, "shape") or not hasattr(bias, "dtype"):
+        bias = np.asarray(bias)
+    dtype = keras.backend.standardize_dtype(bias.dtype)
+    if "float" not in dtype:
+        raise ValueError(
+            "`attention_bias` is an additive float bias on the logits (a bool or integer "
+            "mask goes in `attention_mask`). Received: "
+            f"attention_bias.dtype={dtype}, attention_bias.shape={static_shape(bias)}")
+    check_broadcastable("attention_bias", bias, target, "(B, H, T, S)")
+    if hooked:
+        raise ValueError(
+            "`attention_bias` is not passed to a subclass's own `_compute_attention` (Keras's "
+            "override point takes a mask only). Received: attention_bias.shape="
+            f"{static_shape(bias)}")
+    bias = ops.convert_to_tensor(bias)
+    while len(static_shape(bias)) < 4:
+        bias = ops.expand_dims(bias, 0)  # (1, ..., T|1, S|1)
+    return bias
 
 
 expose_options(MultiHeadAttention)  # layer.sliding_window, layer.qk_norm, ...

@@ -36,7 +36,8 @@ class TransformerDecoderLayer(TransformerLayerBase):
     attention sublayers), the biases per projection `attention_use_bias`,
     `attention_output_use_bias`, `feed_forward_use_bias`, and the sandwich
     norms `use_post_attention_norm`, `use_post_ffw_norm`; `attention`,
-    `feed_forward` and `residual_scale` as there too. A given `attention` is
+    `feed_forward`, `residual_scale` and `use_gate` (the self-attention's
+    gate only) as there too. A given `attention` is
     the self-attention (it receives the `self_attention_cache` as `cache`);
     the cross-attention stays the default `MultiHeadAttention`, so `num_heads`,
     `key_dim`, `implementation`, `attention_dropout` and the attention biases
@@ -85,6 +86,12 @@ class TransformerDecoderLayer(TransformerLayerBase):
         cross_attention_cache_update_index: 0 to fill the cross cache from
             `memory` (the usual prefill), or None to read it. A `ValueError`
             without `cross_attention_cache`.
+        attention_bias: an additive float bias on the self-attention's logits,
+            broadcastable to `(B, H, T, T)` (`(B, H, T, S_max)` with
+            `self_attention_cache`), or None: `MultiHeadAttention`'s
+            `attention_bias` (named like `attention_mask`, the self-attention's
+            mask; T5's relative position bias). A given `attention` receives it
+            as `attention_bias`, only when set.
 
     Returns:
         `(B, T, D)`. With `return_attention_scores=True`, a tuple
@@ -236,7 +243,7 @@ class TransformerDecoderLayer(TransformerLayerBase):
                             return_attention_scores=False, training=None, mask=None,
                             inputs_mask=None, memory_mask=None, self_attention_cache=None,
                             self_attention_cache_update_index=None, cross_attention_cache=None,
-                            cross_attention_cache_update_index=None):
+                            cross_attention_cache_update_index=None, attention_bias=None):
         """`call`'s structure on symbolic inputs: outputs, then scores, then caches."""
         keras_mask = mask if mask is not None else inputs_mask
         self._check_call(inputs, memory, keras_mask, padding_mask, attention_mask,
@@ -275,6 +282,7 @@ class TransformerDecoderLayer(TransformerLayerBase):
         self_attention_cache_update_index=None,
         cross_attention_cache=None,
         cross_attention_cache_update_index=None,
+        attention_bias=None,
     ):
         keras_mask = mask if mask is not None else inputs_mask
         self._check_call(inputs, memory, keras_mask, padding_mask, attention_mask,
@@ -287,7 +295,7 @@ class TransformerDecoderLayer(TransformerLayerBase):
             inputs,
             self._attention_fn(self.self_attention, None, self_key_mask, attention_mask,
                                use_causal_mask, training, scores, self_attention_cache,
-                               self_attention_cache_update_index),
+                               self_attention_cache_update_index, bias=attention_bias),
             self.self_attention_norm, self.self_attention_dropout, training,
             self.post_attention_norm)
         cross_scores = cross_cache = None

@@ -91,6 +91,12 @@ class TransformerEncoderLayer(TransformerLayerBase):
             and 3, OLMo 2's "sandwich"); sublayers `post_attention_norm`
             (`post_cross_attention_norm` too in a decoder with memory) and
             `post_feed_forward_norm`, of the kind `normalization` says.
+        use_gate: Keras's gated attention output for the default
+            self-attention (`keras_attn.MultiHeadAttention`'s `use_gate`:
+            `attended * sigmoid(query W_g + b_g)` per head and feature, sublayer
+            `self_attention.gate_dense`; arXiv 2505.06708, Qwen3-Next). A
+            decoder's cross-attention is not gated. In the config only when
+            True; with a given `attention` it must stay False.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Sublayers: `self_attention` (`keras_attn.MultiHeadAttention`, or the given
@@ -110,6 +116,11 @@ class TransformerEncoderLayer(TransformerLayerBase):
         return_attention_scores: also return the self-attention weights.
         training: whether dropout is active.
         mask, inputs_mask: the Keras mask of `inputs`, filled in by Keras.
+        attention_bias: an additive float bias on the self-attention's logits,
+            broadcastable to `(B, H, T, T)`, or None (`MultiHeadAttention`'s
+            `attention_bias`: after the scale and soft-cap, before the softmax;
+            T5's relative position bias). A given `attention` receives it only
+            when set.
 
     Returns:
         `(B, T, D)`, and with `return_attention_scores=True` also the
@@ -134,7 +145,7 @@ class TransformerEncoderLayer(TransformerLayerBase):
 
     def compute_output_spec(self, inputs, padding_mask=None, attention_mask=None,
                             use_causal_mask=False, return_attention_scores=False,
-                            training=None, mask=None, inputs_mask=None):
+                            training=None, mask=None, inputs_mask=None, attention_bias=None):
         """`call`'s structure on symbolic inputs: the outputs, and the scores if asked."""
         output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
         if not return_attention_scores:
@@ -153,12 +164,14 @@ class TransformerEncoderLayer(TransformerLayerBase):
         training=None,
         mask=None,
         inputs_mask=None,
+        attention_bias=None,
     ):
         check_rank("inputs", inputs, 3, "(B, T, D)")
         keras_mask = mask if mask is not None else inputs_mask
         key_mask = combine_masks(padding_mask, keras_mask)
         attend = self._attention_fn(self.self_attention, None, key_mask, attention_mask,
-                                    use_causal_mask, training, bool(return_attention_scores))
+                                    use_causal_mask, training, bool(return_attention_scores),
+                                    bias=attention_bias)
         x, (scores, _) = self._residual(inputs, attend, self.self_attention_norm,
                                         self.self_attention_dropout, training,
                                         self.post_attention_norm)

@@ -43,6 +43,18 @@ def _built_width(block):
     return shape[-1] if shape else None
 
 
+def cache_recompute_lengths(lm):
+    """The sequence lengths at which `lm.generate` recomputes its caches: each block's
+    self-attention RoPE's `cache_recompute_length` (longrope's switch), or ()."""
+    lengths = set()
+    for block in lm.blocks:
+        options = getattr(getattr(block, "self_attention", None), "options", None)
+        rope = getattr(options, "rope", None)
+        if rope is not None and rope.cache_recompute_length is not None:
+            lengths.add(rope.cache_recompute_length)
+    return tuple(sorted(lengths))
+
+
 class _GenerateLoop(keras.Model):
     """`CausalLM.generate` as a Keras model, so that Keras compiles it.
 
@@ -73,7 +85,9 @@ class _GenerateLoop(keras.Model):
         if self.step is not None:
             self.step.follow(self.lm.variables)  # once per call: the weights may have changed
             step = self._prefill_eagerly_then(self.step)
-        return generate_tokens(step, prompt_ids, self.max_length, caches, **self.options)
+        return generate_tokens(step, prompt_ids, self.max_length, caches,
+                               recompute_cache_at=cache_recompute_lengths(self.lm),
+                               **self.options)
 
     def _prefill_eagerly_then(self, traced):
         """The prefill (P tokens, once) eagerly; the decoding steps (1 token) from `traced`."""
@@ -328,6 +342,11 @@ class CausalLM(keras.Model):
         documents `end_token_id`, `temperature`, `top_k` and `seed`), over
         one key/value cache of L slots per block.
 
+        RoPE whose frequencies switch with the positions (longrope: past
+        `original_max_position_embeddings`) recompute the caches once there, as
+        transformers' Phi-3 generation does (`keras_attn.generation.generate`'s
+        `recompute_cache_at`): the tokens are the uncached forward's greedy ones.
+
         Compilation: with a concrete prompt (arrays, eager tensors), the
         prefill and the loop run as one function that Keras compiles and
         keeps per prompt shape and settings, so repeated calls compile once
@@ -388,7 +407,8 @@ class CausalLM(keras.Model):
                       for block in self.blocks]
             return generate_tokens(self.next_token_logits, prompt_ids, max_length, caches,
                                    end_token_id=end_token_id, temperature=temperature,
-                                   top_k=top_k, seed=seed)
+                                   top_k=top_k, seed=seed,
+                                   recompute_cache_at=cache_recompute_lengths(self))
         stops = _stop_token_ids(end_token_id)  # checked here, before anything compiles
         top_k = check_positive_int("top_k", top_k, allow_none=True)
         options = {"end_token_id": list(stops) or None, "temperature": float(temperature),

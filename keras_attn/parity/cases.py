@@ -262,6 +262,25 @@ CASES = (
          {"num_heads": 4, "key_dim": 2, "num_key_value_heads": 2, "rope_max_wavelength": 100.0,
           "qk_norm": "rms", "qk_norm_full_width": True},
          {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    # longrope (Phi-3.5 / Phi-4-mini): T = 4 > original 3, so the uncached forward takes
+    # the long factors; the cached case stays within its original 4 (short factors: a
+    # cached decode across the switch is not the uncached forward, by transformers'
+    # rule; tests/layers/test_longrope.py checks that one).
+    Case("mha_gqa_rope_longrope", "mha",
+         "MultiHeadAttention: GQA 4/2 heads, longrope (T=4 past original 3: the long "
+         "factors, attention factor from factor 4), causal",
+         {"num_heads": 4, "key_dim": 8, "num_key_value_heads": 2, "rope_max_wavelength": 100.0,
+          "rope_type": "longrope", "rope_scaling_factor": 4.0,
+          "rope_original_max_position_embeddings": 3,
+          "rope_short_factor": (1.0, 1.3, 1.7, 2.2), "rope_long_factor": (1.5, 3.0, 6.0, 12.0)},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    Case("mha_cached_longrope", "mha",
+         "MultiHeadAttention with a cache: longrope within its original 4 positions (the "
+         "short factors), prefill 2 tokens, then 2 one-token steps",
+         {"num_heads": 2, "key_dim": 8, "rope_max_wavelength": 100.0, "rope_type": "longrope",
+          "rope_original_max_position_embeddings": 4, "rope_attention_factor": 1.2,
+          "rope_short_factor": (1.0, 1.3, 1.7, 2.2), "rope_long_factor": (1.5, 3.0, 6.0, 12.0)},
+         {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 2}),
 )
 
 # Constructor arguments that configure the attention itself (the reference takes them too):

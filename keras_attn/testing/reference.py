@@ -199,7 +199,7 @@ def multi_head_attention(
     rope_scaling_factor=1.0, rope_interleaved=False, sliding_window=None,
     logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None, rope_type="default",
     use_sinks=False, query_scale_beta=None, query_scale_length=None, attention_chunk_size=None,
-    qk_norm_full_width=False, **rope_parameters,
+    qk_norm_full_width=False, attention_bias=None, **rope_parameters,
 ):
     """Multi-head attention, paper Section 3.2.2, with today's options.
 
@@ -220,7 +220,9 @@ def multi_head_attention(
     chunked attention (`chunked_mask`, Llama 4). `qk_norm_full_width`: the qk-norm
     normalises all H * d query and H_kv * d key features of the projections, before
     they are split into heads (OLMo 2), instead of each head's d.
-    `mask` broadcasts to `(B, T, S)` or `(B, H, T, S)`. Returns
+    `attention_bias` (additive, broadcast to `(B, H, T, S)`) is added to the
+    logits after the scale and the soft-cap (`scaled_dot_product_attention`'s
+    `bias`). `mask` broadcasts to `(B, T, S)` or `(B, H, T, S)`. Returns
     `(B, T, out)` and the weights `(B, H, T, S)`.
     """
     unknown = [n for n in rope_parameters if not n.startswith("rope_")]
@@ -258,7 +260,7 @@ def multi_head_attention(
     out, weights = scaled_dot_product_attention(
         q, k, v, mask=mask, is_causal=is_causal, scale=scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap, sinks=params["sinks"] if use_sinks else None,
-        attention_chunk_size=attention_chunk_size,
+        attention_chunk_size=attention_chunk_size, bias=attention_bias,
     )
     B, H, T, d_v = out.shape
     out = out.transpose(0, 2, 1, 3).reshape(B, T, H * d_v)  # (B, T, H * d_v)

@@ -16,7 +16,8 @@ def rope_inverse_frequencies(d, max_wavelength=10000.0, scaling_factor=1.0, rope
                              low_freq_factor=1.0, high_freq_factor=4.0,
                              original_max_position_embeddings=None, beta_fast=32.0,
                              beta_slow=1.0, attention_factor=None, mscale=None,
-                             mscale_all_dim=None, truncate=True):
+                             mscale_all_dim=None, truncate=True, short_factor=None,
+                             long_factor=None, seq_len=None):
     """The d/2 RoPE frequencies theta_i and the cos/sin multiplier, float64.
 
     Written from Hugging Face transformers' `modeling_rope_utils.py`
@@ -24,12 +25,24 @@ def rope_inverse_frequencies(d, max_wavelength=10000.0, scaling_factor=1.0, rope
     `_compute_yarn_parameters`), `scaling_factor` being their `factor` and
     `max_wavelength` their `rope_theta`. "default" divides by
     `scaling_factor` too (keras_attn's meaning before `rope_type`).
+    longrope (`_compute_longrope_parameters`): `theta_i / short_factor[i]`, or
+    `/ long_factor[i]` when `seq_len > original_max_position_embeddings`; the
+    factor `sqrt(1 + ln(scaling_factor) / ln(original))` unless given.
     """
     theta = [max_wavelength ** (-2.0 * i / d) for i in range(d // 2)]
     theta = np.array(theta, np.float64)
     if rope_type in ("default", "linear"):
         return theta / scaling_factor, 1.0
     context = float(original_max_position_embeddings)
+    if rope_type == "longrope":
+        factors = long_factor if seq_len is not None and seq_len > context else short_factor
+        if len(factors) != d // 2:
+            raise ValueError("reference: longrope needs d/2 factors")
+        out = np.array([t / float(f) for t, f in zip(theta, factors)], np.float64)
+        if attention_factor is None:
+            attention_factor = (1.0 if scaling_factor <= 1.0 else
+                                math.sqrt(1.0 + math.log(scaling_factor) / math.log(context)))
+        return out, float(attention_factor)
     if rope_type == "llama3":
         out = np.empty_like(theta)
         for i, t in enumerate(theta):
@@ -79,6 +92,8 @@ def rotary_embedding(x, positions, max_wavelength=10000.0, scaling_factor=1.0,
     `x * cos + rotate_half(x) * sin` with `rotate_half(x) = concat(-x2, x1)`;
     interleaved form: pairs (2i, 2i + 1). `partial_rotary_factor` f < 1: only the
     leading r = int(d * f) features rotate, as a head r wide; the others pass.
+    longrope's switch is `max(positions) + 1` (all of this call's positions; pass
+    `seq_len` in `**rope` to choose otherwise).
     """
     x = np.asarray(x, np.float64)
     d = x.shape[-1]
@@ -87,6 +102,8 @@ def rotary_embedding(x, positions, max_wavelength=10000.0, scaling_factor=1.0,
         head = rotary_embedding(x[..., :r], positions, max_wavelength, scaling_factor,
                                 interleaved, **rope)
         return np.concatenate([head, x[..., r:]], axis=-1)
+    if rope.get("rope_type") == "longrope" and rope.get("seq_len") is None:
+        rope = {**rope, "seq_len": int(np.max(positions)) + 1}
     theta, factor = rope_inverse_frequencies(d, max_wavelength, scaling_factor, **rope)
     angle = np.asarray(positions, np.float64)[..., None] * theta  # (..., L, d/2)
     cos, sin = np.cos(angle) * factor, np.sin(angle) * factor

@@ -43,10 +43,10 @@ def test_no_family_module_imports_another():
 
 
 def test_a_field_a_family_cannot_reproduce_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"rope_parameters\['rope_type'\].*longrope"):
+    with pytest.raises(ValueError, match=r"rope_parameters\['rope_type'\].*dynamic"):
         causal_lm_from_transformers(
             {"model_type": "phi3", **TINY,
-             "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, {})
+             "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, {})
     with pytest.raises(ValueError, match=r"no_rope_layers"):
         causal_lm_from_transformers({"model_type": "smollm3", **TINY, "no_rope_layers": [2]}, {})
     with pytest.raises(ValueError, match=r"unknown.*Received: rms_norm_eps=1e-06"):

@@ -58,7 +58,7 @@ def test_errors_name_the_argument_of_each_spelling():
         AttentionOptions(rope_max_wavelength=1e4, rope_beta_fast=-1)
     with pytest.raises(ValueError, match=r"Received: beta_slow=0"):
         keras_attn.RotaryEmbedding(beta_slow=0)
-    with pytest.raises(ValueError, match="'longrope' is not supported"):
+    with pytest.raises(ValueError, match="'longrope'` needs `short_factor`"):
         RopeSpec(rope_type="longrope")
 
 

@@ -218,7 +218,7 @@ def test_old_configs_mean_default_rope():
     assert_close(layer(x), expected)
 
 
-@pytest.mark.parametrize("refused", ["dynamic", "longrope"])
+@pytest.mark.parametrize("refused", ["dynamic"])
 def test_refused_types(refused):
     match = rf"`rope_type` '{refused}' is not supported.*Received: rope_type='{refused}'"
     with pytest.raises(ValueError, match=match):

@@ -21,8 +21,8 @@ from keras_attn.convert._transformers_config import (
     _rope,
 )
 
-__all__ = ["checked_layer_types", "core", "every_nth_full", "layer_specs", "layer_types",
-           "refuse", "rope_of", "sliding_windows", "split_gate_up", "window_of",
+__all__ = ["check_rotary_width", "checked_layer_types", "core", "every_nth_full",
+           "layer_specs", "layer_types", "refuse", "rope_of", "sliding_windows", "split_gate_up", "window_of",
            "windows_from_max_window_layers"]
 
 refuse = _refuse
@@ -55,13 +55,14 @@ def core(config, *, activation_field="hidden_act", default_activation="silu",
         tie_word_embeddings=bool(config.get("tie_word_embeddings", tie_default)))
 
 
-def rope_of(config, *, partial_rotary=False):
+def rope_of(config, *, partial_rotary=False, longrope=False):
     """The RoPE options (AttentionOptions fields) of a config with one `rope_parameters`
     (or the older `rope_theta` / `rope_scaling`).
 
     `partial_rotary`: the family rotates `partial_rotary_factor` of each head (read from
     the RoPE parameters, or from the config's top level when they lack it, as
-    transformers' `setdefault` does).
+    transformers' `setdefault` does). `longrope`: the family reads longrope (its
+    generation recomputes the cache at the switch, as `CausalLM.generate`).
     """
     params = config.get("rope_parameters")
     if params is not None and config.get("rope_scaling") is not None:
@@ -80,7 +81,20 @@ def rope_of(config, *, partial_rotary=False):
             "partial_rotary_factor") is not None:
         params = {"partial_rotary_factor": config["partial_rotary_factor"], **params}
     return _rope(params, where, config.get("max_position_embeddings"),
-                 partial_rotary=partial_rotary)
+                 partial_rotary=partial_rotary, longrope=longrope)
+
+
+def check_rotary_width(rope, head_dim, where):
+    """The RoPE options `rope` (from `rope_of`) checked against the head width: the rotated
+    slice even, longrope's factor lists d/2 long; a `ValueError` naming the config field
+    `where` (with keras_attn's reason) otherwise."""
+    from keras_attn.options import AttentionOptions
+
+    try:
+        AttentionOptions(**rope).for_heads(1, head_dim)
+    except ValueError as error:
+        raise ValueError(f"config field `{where}` is not supported: {error}") from None
+    return rope
 
 
 def window_of(config, field="sliding_window"):

@@ -2,7 +2,12 @@
 (rows: H*d queries, then H_kv*d keys, then H_kv*d values) and `gate_up_proj` (F gate
 rows, then F up rows) are split on load and cross-checked against the config.
 `partial_rotary_factor` (Phi-4-mini's 0.75) rotates the leading slice of each head.
-`longrope` (Phi-3's long-context variants: per-frequency factor lists) is refused."""
+`longrope` (Phi-3.5's and Phi-4-mini's long-context RoPE: per-frequency `short_factor` /
+`long_factor` lists, switched past `original_max_position_embeddings`) is read with
+transformers' Phi-3 rules: the top-level `original_max_position_embeddings` wins over the
+RoPE parameters' own (`Phi3Config`'s default 4096 when absent), the old types "su" and
+"yarn" mean longrope, and `factor` defaults to `max_position_embeddings /
+original_max_position_embeddings` (it sets the default attention factor)."""
 
 from collections.abc import Mapping
 
@@ -13,6 +18,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _positive_int
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "phi3"
+_ORIGINAL_DEFAULT = 4096  # Phi3Config's original_max_position_embeddings
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "sliding_window",
                                    "original_max_position_embeddings", "partial_rotary_factor"),
@@ -28,18 +34,26 @@ def spec(config):
     if not isinstance(params, Mapping):
         _shared.refuse("rope_parameters" if config.get("rope_parameters") else "rope_scaling",
                        params, "a dict of RoPE parameters is expected")
+    where = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        _shared.refuse("rope_parameters['rope_type']", rope_type,
-                       "keras_attn reproduces Phi-3's default RoPE only (longrope scales each "
-                       "frequency by a list of factors)")
+    if rope_type not in ("default", "longrope", "su", "yarn"):
+        _shared.refuse(f"{where}['rope_type']", rope_type,
+                       "Phi-3's modeling takes the default RoPE or longrope")
+    original = _ORIGINAL_DEFAULT
     if config.get("original_max_position_embeddings") is not None:
-        _positive_int(config, "original_max_position_embeddings")  # read by longrope only
+        original = _positive_int(config, "original_max_position_embeddings")
+    if rope_type != "default":  # Phi3Config's rules: one type, the top-level context length
+        params = {key: value for key, value in params.items() if key != "type"}
+        params.update(rope_type="longrope", original_max_position_embeddings=original)
+        config = {**config, where: params}
     window = _shared.window_of(config)
     return ModelSpec(
         **core, qkv_bias=False, output_bias=False, mlp_bias=False, qk_norm=False,
         final_logit_soft_cap=None,
-        layers=_shared.layer_specs(core["num_layers"], _shared.rope_of(config, partial_rotary=True),
+        layers=_shared.layer_specs(core["num_layers"], _shared.check_rotary_width(
+                                       _shared.rope_of(config, partial_rotary=True,
+                                                       longrope=True),
+                                       core["head_dim"], where),
                                    windows=[window] * core["num_layers"]))
 
 
