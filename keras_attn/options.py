@@ -88,6 +88,15 @@ class AttentionOptions:
             temperature tuning (`attn_scale`, `floor_scale`) is the same curve one
             position later, `floor((p + 1) / floor_scale)`: these two fields do not
             express it.
+        attention_k_eq_v: the key projection's output is the values too
+            (transformers' `attention_k_eq_v`, Gemma 4's full-attention
+            layers): `MultiHeadAttention` has no `value_dense`, and the
+            values are the projected keys before `qk_norm` and RoPE (d_v =
+            d_k: `value_dim` must be None or `key_dim`).
+        use_value_norm: normalise each head's values over d by their root
+            mean square, without a scale (`v / sqrt(mean(v^2) +
+            qk_norm_epsilon)`: Gemma 4's `v_norm`, an RMSNorm `with_scale=False`),
+            before they are cached and attended.
 
     Example:
 
@@ -123,6 +132,8 @@ class AttentionOptions:
     use_sinks: bool = False
     query_scale_beta: float | None = None
     query_scale_length: int | None = None
+    attention_k_eq_v: bool = False
+    use_value_norm: bool = False
 
     def __post_init__(self):
         checked = {
@@ -135,6 +146,8 @@ class AttentionOptions:
             "qk_norm_epsilon": check_positive_float("qk_norm_epsilon", self.qk_norm_epsilon),
             "scale": check_positive_float("scale", self.scale, allow_none=True),
             "use_sinks": bool(self.use_sinks),
+            "attention_k_eq_v": bool(self.attention_k_eq_v),
+            "use_value_norm": bool(self.use_value_norm),
             "query_scale_beta": check_positive_float(
                 "query_scale_beta", self.query_scale_beta, allow_none=True),
             "query_scale_length": check_positive_int(

@@ -203,8 +203,8 @@ def check_inputs(layer, query, value, key):
             f"Received: key.shape={shapes['key']}, value.shape={shapes['value']}")
     if not layer.built:
         return
-    for name, dense in (("query", layer.query_dense), ("value", layer.value_dense),
-                        ("key", layer.key_dense)):
+    for name, dense in (("query", layer.query_dense), ("value", getattr(
+            layer, "value_dense", layer.key_dense)), ("key", layer.key_dense)):
         if name in shapes and shapes[name][-1] not in (None, dense.kernel.shape[0]):
             raise ValueError(
                 f"Layer '{layer.name}' was built for `{name}` of width "

@@ -15,7 +15,7 @@ from keras_attn.layers._common import clone_initializer
 from keras_attn.rotary import apply_rope
 
 __all__ = ["dense", "dense_config", "einsum_sums_in_float32", "gate", "project_heads",
-           "project_output", "qk_norm_layer", "query_positions", "query_scale", "rope", "rope_heads",
+           "project_output", "qk_norm_layer", "value_norm", "query_positions", "query_scale", "rope", "rope_heads",
            "set_dense_arguments"]
 
 _DENSE_ARGUMENTS = {f"{part}_{kind}": module
@@ -69,6 +69,17 @@ def qk_norm_layer(kind, epsilon, head_dim, dtype, name):
     layer = cls(epsilon=epsilon, dtype=dtype, name=name)
     layer.build((None, None, None, head_dim))
     return layer
+
+
+def value_norm(v, epsilon):
+    """`(B, L, heads, d)` values over their root mean square over d, without a scale:
+    `v / sqrt(mean(v^2) + epsilon)` (Gemma 4's `v_norm`), in float32 at least and cast
+    back to v's dtype, as transformers' `Gemma4RMSNorm`."""
+    dtype = v.dtype
+    compute = "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
+    x = ops.cast(v, compute)
+    x = x * ops.rsqrt(ops.mean(ops.square(x), axis=-1, keepdims=True) + epsilon)
+    return ops.cast(x, dtype)
 
 
 def _plain(dense):

@@ -90,7 +90,8 @@ class MultiHeadAttention(keras.layers.Layer):
         num_key_value_heads, rope_max_wavelength, rope_scaling_factor,
             rope_interleaved, sliding_window, logit_soft_cap, qk_norm,
             qk_norm_epsilon: see `keras_attn.options.AttentionOptions`, whose
-            other fields (`scale`, `query_scale_beta` and `query_scale_length`:
+            other fields (`scale`, `attention_k_eq_v`, `use_value_norm`,
+            `query_scale_beta` and `query_scale_length`:
             the queries times `1 + beta * log(1 + floor(p / length))` at their
             absolute positions p, after RoPE) are keywords too (GQA: query head n uses
             key/value head `n // (H / H_kv)`, as Keras's
@@ -199,6 +200,10 @@ class MultiHeadAttention(keras.layers.Layer):
             compat.implementation_from_config(implementation), flash_attention)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         self.options = options.for_heads(self.num_heads, self.key_dim)
+        if self.attention_k_eq_v and self.value_dim not in (None, self.key_dim):
+            raise ValueError(
+                "With `attention_k_eq_v=True` the values are the projected keys: `value_dim` "
+                f"must be None or key_dim={self.key_dim}. Received: value_dim={self.value_dim}")
         self.supports_masking = True
 
     @property
@@ -215,9 +220,10 @@ class MultiHeadAttention(keras.layers.Layer):
         key_shape = value_shape if key_shape is None else check_rank(
             "key", key_shape, 3, "(B, S, k_dim)")
         H, H_kv, d_k, d_v = self.num_heads, self.num_key_value_heads, self.key_dim, self.head_value_dim
-        for name, units, shape in (("query_dense", H * d_k, query_shape),
-                                   ("key_dense", H_kv * d_k, key_shape),
-                                   ("value_dense", H_kv * d_v, value_shape)):
+        projections = [("query_dense", H * d_k, query_shape), ("key_dense", H_kv * d_k, key_shape)]
+        if not self.attention_k_eq_v:  # else the keys' projection is the values' too
+            projections.append(("value_dense", H_kv * d_v, value_shape))
+        for name, units, shape in projections:
             setattr(self, name, projection.dense(self, units, name))
             getattr(self, name).build(shape)
         if self.qk_norm is not None:
@@ -327,7 +333,10 @@ class MultiHeadAttention(keras.layers.Layer):
         k = v = None
         if not read_only:
             k = projection.project_heads(self.key_dense, key, H_kv, d_k)  # (B, S_new, H_kv, d_k)
-            v = projection.project_heads(self.value_dense, value, H_kv, d_v)  # (B, S_new, H_kv, d_v)
+            v = (k if self.attention_k_eq_v  # the projected keys, before key_norm and RoPE
+                 else projection.project_heads(self.value_dense, value, H_kv, d_v))  # (B, S_new, H_kv, d_v)
+            if self.use_value_norm:  # before the cache: the cached values are normalised
+                v = projection.value_norm(v, self.qk_norm_epsilon)
         if self.qk_norm is not None:
             q = self.query_norm(q)
             k = None if read_only else self.key_norm(k)

@@ -1,6 +1,7 @@
 """Transformer decoder layer (paper Section 3.1), or a decoder-only block."""
 
 import keras
+from keras import ops
 
 from keras_attn._shapes import static_shape
 from keras_attn._validation import check_rank
@@ -36,7 +37,10 @@ class TransformerDecoderLayer(TransformerLayerBase):
     attention sublayers), the biases per projection `attention_use_bias`,
     `attention_output_use_bias`, `feed_forward_use_bias`, and the sandwich
     norms `use_post_attention_norm`, `use_post_ffw_norm`; `attention`,
-    `feed_forward` and `residual_scale` as there too. A given `attention` is
+    `feed_forward` and `residual_scale` as there too; and `use_layer_scalar`
+    (keyword, decoder only): a weight `layer_scalar` `(1,)`, ones at first,
+    multiplies the block's output, the whole residual stream (Gemma 4's
+    `layer_scalar`). A given `attention` is
     the self-attention (it receives the `self_attention_cache` as `cache`);
     the cross-attention stays the default `MultiHeadAttention`, so `num_heads`,
     `key_dim`, `implementation`, `attention_dropout` and the attention biases
@@ -120,6 +124,13 @@ class TransformerDecoderLayer(TransformerLayerBase):
 
     _has_cross_attention = True
 
+    def __init__(self, num_heads: int | None = None, *args, use_layer_scalar: bool = False,
+                 **kwargs) -> None:
+        super().__init__(num_heads, *args, **kwargs)
+        # Gemma 4's `layer_scalar`: a weight `(1,)` (ones at first) that multiplies the
+        # block's whole output (the residual stream), after the feed-forward's residual.
+        self.use_layer_scalar = bool(use_layer_scalar)
+
     def build(self, inputs_shape, memory_shape=None):
         inputs_shape = check_rank("inputs", inputs_shape, 3, "(B, T, D)")
         model_dim = inputs_shape[-1]
@@ -139,6 +150,9 @@ class TransformerDecoderLayer(TransformerLayerBase):
             self.post_cross_attention_norm = self._post_norm(
                 self.use_post_attention_norm, "post_cross_attention_norm", inputs_shape)
         self._build_feed_forward(inputs_shape)
+        if self.use_layer_scalar:
+            self.layer_scalar = self.add_weight(name="layer_scalar", shape=(1,),
+                                                initializer="ones")
         self.built = True
 
     def _check_memory(self, memory, cross_attention_cache=None,
@@ -230,6 +244,12 @@ class TransformerDecoderLayer(TransformerLayerBase):
                     f"must be S_max, for one new token as for many (mark the cached "
                     f"positions too). Received: {name}.shape={shape}")
 
+    def get_config(self):
+        config = super().get_config()
+        if self.use_layer_scalar:  # absent when unset: the config stays today's
+            config["use_layer_scalar"] = True
+        return config
+
     def compute_output_spec(self, inputs, memory=None, padding_mask=None,
                             memory_padding_mask=None, attention_mask=None,
                             memory_attention_mask=None, use_causal_mask=True,
@@ -303,6 +323,8 @@ class TransformerDecoderLayer(TransformerLayerBase):
         x, _ = self._residual(x, lambda h: self.feed_forward(h, training=training),
                               self.feed_forward_norm, self.feed_forward_dropout, training,
                               self.post_feed_forward_norm)
+        if self.use_layer_scalar:
+            x = x * ops.cast(self.layer_scalar, x.dtype)
         results = (x, *(s for s in (self_scores, cross_scores) if s is not None),
                    *(c for c in (self_cache, cross_cache) if c is not None))
         return results if len(results) > 1 else x

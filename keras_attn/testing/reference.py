@@ -181,7 +181,8 @@ def multi_head_attention(
     is_causal=False, num_key_value_heads=None, rope_max_wavelength=None,
     rope_scaling_factor=1.0, rope_interleaved=False, sliding_window=None,
     logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None, rope_type="default",
-    use_sinks=False, query_scale_beta=None, query_scale_length=None, **rope_parameters,
+    use_sinks=False, query_scale_beta=None, query_scale_length=None, attention_k_eq_v=False,
+    use_value_norm=False, **rope_parameters,
 ):
     """Multi-head attention, paper Section 3.2.2, with today's options.
 
@@ -199,6 +200,9 @@ def multi_head_attention(
     position p are then multiplied by `1 + b ln(1 + floor(p / n))`
     (Llama 4 / Ministral 3 attention scaling, transformers'
     `get_llama_4_attn_scale`), before the logits.
+    `attention_k_eq_v` (Gemma 4's full layers): no `value` params, the values are
+    the key projection of `key` before qk-norm and RoPE. `use_value_norm`: each
+    head's values divided by `sqrt(mean_d(v^2) + qk_norm_epsilon)` (no scale).
     `mask` broadcasts to `(B, T, S)` or `(B, H, T, S)`. Returns
     `(B, T, out)` and the weights `(B, H, T, S)`.
     """
@@ -211,7 +215,12 @@ def multi_head_attention(
     kv_heads = num_key_value_heads or num_heads
     q = _split_heads(dense(query, params["query"]), num_heads)  # (B, H, T, d_k)
     k = _split_heads(dense(key, params["key"]), kv_heads)  # (B, H_kv, S, d_k)
-    v = _split_heads(dense(value, params["value"]), kv_heads)  # (B, H_kv, S, d_v)
+    if attention_k_eq_v:
+        v = k  # the key projection's heads, before the key norm and RoPE
+    else:
+        v = _split_heads(dense(value, params["value"]), kv_heads)  # (B, H_kv, S, d_v)
+    if use_value_norm:
+        v = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + qk_norm_epsilon)
     if qk_norm is not None:
         q = _head_norm(q, params["query_norm"], qk_norm, qk_norm_epsilon)
         k = _head_norm(k, params["key_norm"], qk_norm, qk_norm_epsilon)

@@ -16,7 +16,7 @@ def rope_inverse_frequencies(d, max_wavelength=10000.0, scaling_factor=1.0, rope
                              low_freq_factor=1.0, high_freq_factor=4.0,
                              original_max_position_embeddings=None, beta_fast=32.0,
                              beta_slow=1.0, attention_factor=None, mscale=None,
-                             mscale_all_dim=None, truncate=True):
+                             mscale_all_dim=None, truncate=True, partial_rotary_factor=1.0):
     """The d/2 RoPE frequencies theta_i and the cos/sin multiplier, float64.
 
     Written from Hugging Face transformers' `modeling_rope_utils.py`
@@ -24,7 +24,15 @@ def rope_inverse_frequencies(d, max_wavelength=10000.0, scaling_factor=1.0, rope
     `_compute_yarn_parameters`), `scaling_factor` being their `factor` and
     `max_wavelength` their `rope_theta`. "default" divides by
     `scaling_factor` too (keras_attn's meaning before `rope_type`).
+    "proportional" (`_compute_proportional_rope_parameters`, Gemma 4): theta_i as
+    "default" for i < floor(partial_rotary_factor * d / 2), 0 past it (only
+    this type reads `partial_rotary_factor` here; `rotary_embedding` slices for
+    the others).
     """
+    if rope_type == "proportional":
+        rotated = int(partial_rotary_factor * d // 2)
+        theta = [max_wavelength ** (-2.0 * i / d) if i < rotated else 0.0 for i in range(d // 2)]
+        return np.array(theta, np.float64) / scaling_factor, 1.0
     theta = [max_wavelength ** (-2.0 * i / d) for i in range(d // 2)]
     theta = np.array(theta, np.float64)
     if rope_type in ("default", "linear"):
@@ -82,6 +90,9 @@ def rotary_embedding(x, positions, max_wavelength=10000.0, scaling_factor=1.0,
     """
     x = np.asarray(x, np.float64)
     d = x.shape[-1]
+    if rope.get("rope_type") == "proportional":  # the whole head, some pairs unturned
+        rope["partial_rotary_factor"] = partial_rotary_factor
+        partial_rotary_factor = 1.0
     r = int(d * partial_rotary_factor)
     if r < d:
         head = rotary_embedding(x[..., :r], positions, max_wavelength, scaling_factor,
