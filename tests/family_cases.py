@@ -112,6 +112,22 @@ CASES = {
                          "llama_4_scaling_beta": 0.1}),
         15, ("query scale removed (llama_4_scaling_beta ignored)", "config",
              {"where": "all", "query_scale_beta": None, "query_scale_length": None})),
+    # Issue 33: Gemma 4, 31B-style (no per-layer embeddings, no KV sharing): the full layers
+    # 32 wide with one key/value head (global_head_dim, num_global_key_value_heads), their
+    # keys also the values (attention_k_eq_v) and "proportional" RoPE over a quarter of the
+    # head; v_norm and the layer scalars everywhere.
+    "gemma4_text": ("Gemma4TextConfig", dict(
+        num_hidden_layers=4, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+        attention_k_eq_v=True, sliding_window=6, final_logit_softcapping=8.0,
+        hidden_size_per_layer_input=0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "proportional",
+                                            "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1e6}}),
+        20, ("values not normalised (v_norm ignored)", "config",
+             {"where": "all", "use_value_norm": False})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -189,6 +205,9 @@ def build_hf(name, small=False, **overrides):
             if parameter.ndim == 1 and "norm" in key and not name.startswith("gemma"):
                 value = value + 1.0  # Llama-style norms multiply by w: around 1, not 0
             parameter.copy_(value)
+        for key, buffer in model.named_buffers():
+            if key.endswith("layer_scalar"):  # Gemma 4's: a stored buffer, ones at first
+                buffer.copy_(1.0 + STD * torch.randn(buffer.shape, generator=generator))
     return model.float().eval()
 
 

@@ -55,6 +55,11 @@ class LayerSpec:
     """The keras_attn options of one decoder layer (`TransformerDecoderLayer` keywords)."""
 
     attention: dict[str, Any]  # AttentionOptions fields: RoPE, window, soft-cap, qk-norm, scale
+    # This layer's head width and key/value heads where they differ from the model's
+    # (Gemma 4's `per_layer_config`: `global_head_dim` on full-attention layers); None: the
+    # model's `head_dim` / `num_key_value_heads`.
+    head_dim: int | None = None
+    num_key_value_heads: int | None = None
 
 
 @dataclasses.dataclass
@@ -87,6 +92,15 @@ class ModelSpec:
     gated_feed_forward: bool = True  # gate * up (SwiGLU, GeGLU); False: up then down
     residual_scale: float | None = None  # every residual branch times it (Granite)
     logits_scaling: float | None = None  # the logits divided by it (Granite)
+    layer_scalar: bool = False  # each layer's output times its `layer_scalar` weight (Gemma 4)
+
+    def layer_head_dim(self, index):
+        """d of layer `index` (its own, or the model's `head_dim`)."""
+        return self.layers[index].head_dim or self.head_dim
+
+    def layer_kv_heads(self, index):
+        """H_kv of layer `index` (its own, or the model's `num_key_value_heads`)."""
+        return self.layers[index].num_key_value_heads or self.num_key_value_heads
 
 
 def table_of(fields):

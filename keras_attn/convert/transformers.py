@@ -60,21 +60,39 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
     `check(entries, name, shape, letters, fields)` reads each entry and checks its shape
     (`_cross_check`: against the config's `fields`; keras_attn.convert.huggingface, which
     has no config, passes its own)."""
-    H, H_kv, d, D = spec.num_heads, spec.num_key_value_heads, spec.head_dim, spec.hidden_dim
-    heads = f"num_attention_heads={H}, head_dim={d} (H * d = {H * d})"
-    kv_heads = f"num_key_value_heads={H_kv}, head_dim={d} (H_kv * d = {H_kv * d})"
+    # The layer's own d and H_kv (built from the spec: per layer where the config says so).
+    H, D = spec.num_heads, spec.hidden_dim
+    H_kv, d = getattr(layer, "num_key_value_heads", None), getattr(layer, "key_dim", None)
+    H_kv, d = H_kv or spec.num_key_value_heads, d or spec.head_dim
+    own = (H_kv, d) != (spec.num_key_value_heads, spec.head_dim)
+    where = " (this layer's, from per_layer_config)" if own else ""
+    heads = f"num_attention_heads={H}, head_dim={d}{where} (H * d = {H * d})"
+    kv_heads = f"num_key_value_heads={H_kv}, head_dim={d}{where} (H_kv * d = {H_kv * d})"
     width = f"hidden_size={D}"
+    k_eq_v = bool(getattr(layer, "attention_k_eq_v", False))
     q = check(entries, sub + "q_proj.weight", (H * d, D), "(H * d, D)", f"{heads}, {width}")
     k = check(entries, sub + "k_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
               f"{kv_heads}, {width}")
-    v = check(entries, sub + "v_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
-              f"{kv_heads}, {width}")
+    v = None
+    if k_eq_v:  # the keys' projection is the values' too: there is no v_proj
+        for name in (sub + "v_proj.weight", sub + "v_proj.bias"):
+            if entries.has(name):
+                raise ValueError(
+                    "The config and the weights disagree: attention_k_eq_v=True (the values "
+                    f"are the projected keys) on this layer, but state_dict has "
+                    f"{entries.key(name)}.")
+    else:
+        v = check(entries, sub + "v_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
+                  f"{kv_heads}, {width}")
     o = check(entries, sub + "o_proj.weight", (D, H * d), "(D, H * d)", f"{width}, {heads}")
     bias = {}
-    for part, rows, letters, flag, what in (("q", H * d, "(H * d,)", spec.qkv_bias, heads),
-                                            ("k", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
-                                            ("v", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
-                                            ("o", D, "(D,)", spec.output_bias, width)):
+    parts = [("q", H * d, "(H * d,)", spec.qkv_bias, heads),
+             ("k", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
+             ("v", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
+             ("o", D, "(D,)", spec.output_bias, width)]
+    for part, rows, letters, flag, what in parts:
+        if part == "v" and k_eq_v:
+            continue
         name = f"{sub}{part}_proj.bias"
         if flag:
             bias[part] = check(entries, name, (rows,), letters, what)
@@ -85,7 +103,9 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
                 f"The config and the weights disagree: {why}, but state_dict has "
                 f"{entries.key(name)}.")
     weights = {"query": (q.T, bias.get("q")), "key": (k.T, bias.get("k")),
-               "value": (v.T, bias.get("v")), "output": (o.T, bias.get("o"))}
+               "output": (o.T, bias.get("o"))}
+    if v is not None:
+        weights["value"] = (v.T, bias.get("v"))
     plan = _common.mha_plan(layer, weights)
     if spec.qk_norm:
         for part, norm in (("q", layer.query_norm), ("k", layer.key_norm)):
@@ -97,8 +117,9 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
 def _block(spec: ModelSpec, index, name=None, dtype=None):
     """The unbuilt `TransformerDecoderLayer` of layer `index`."""
     return TransformerDecoderLayer(
-        spec.num_heads, intermediate_dim=spec.intermediate_dim, key_dim=spec.head_dim,
-        num_key_value_heads=spec.num_key_value_heads, normalization=spec.normalization,
+        spec.num_heads, intermediate_dim=spec.intermediate_dim,
+        key_dim=spec.layer_head_dim(index), num_key_value_heads=spec.layer_kv_heads(index),
+        normalization=spec.normalization,
         normalize_first=True, gated_feed_forward=spec.gated_feed_forward,
         activation=gelu_approximate if spec.activation == "gelu_approximate" else spec.activation,
         layer_norm_epsilon=spec.epsilon, use_bias=spec.mlp_bias,
@@ -113,6 +134,8 @@ def _block_options(spec):
     options = {}
     if spec.residual_scale is not None:
         options["residual_scale"] = spec.residual_scale
+    if spec.layer_scalar:
+        options["use_layer_scalar"] = True
     return options
 
 
@@ -155,6 +178,9 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
         norms += [("post_attention_layernorm", block.feed_forward_norm)]
     for norm_name, norm in norms:
         plan += _norm_plan(entries, spec, norm, sub + norm_name, check)
+    if spec.layer_scalar:  # a buffer of transformers' state dict: one number per layer
+        w = check(entries, sub + "layer_scalar", (1,), "(1,)", "a layer scalar")
+        plan.append((block.layer_scalar, w, "layer_scalar"))
     return plan
 
 
@@ -216,7 +242,8 @@ def multi_head_attention_from_transformers(module_or_state_dict: Any, config: An
     """
     def make(spec):
         layer = MultiHeadAttention(
-            spec.num_heads, spec.head_dim, num_key_value_heads=spec.num_key_value_heads,
+            spec.num_heads, spec.layer_head_dim(layer_index),
+            num_key_value_heads=spec.layer_kv_heads(layer_index),
             use_bias=spec.qkv_bias, output_use_bias=spec.output_bias,
             dropout=spec.attention_dropout, **spec.layers[layer_index].attention)
         layer.build(query_shape=(None, None, spec.hidden_dim))
