@@ -97,6 +97,13 @@ class AttentionOptions:
             mean square, without a scale (`v / sqrt(mean(v^2) +
             qk_norm_epsilon)`: Gemma 4's `v_norm`, an RMSNorm `with_scale=False`),
             before they are cached and attended.
+        is_kv_shared_layer: the layer reuses the keys and values of another
+            (earlier) layer (transformers' `is_kv_shared_layer`, Gemma 4's
+            last `num_kv_shared_layers`): `MultiHeadAttention` has no
+            `key_dense`, `value_dense` or `key_norm`, and is called with that
+            layer's `KVCache` as `cache` (and the step's `cache_update_index`),
+            which it reads and does not write. `CausalLM(kv_sharing=...)`
+            passes it.
 
     Example:
 
@@ -134,6 +141,7 @@ class AttentionOptions:
     query_scale_length: int | None = None
     attention_k_eq_v: bool = False
     use_value_norm: bool = False
+    is_kv_shared_layer: bool = False
 
     def __post_init__(self):
         checked = {
@@ -148,6 +156,7 @@ class AttentionOptions:
             "use_sinks": bool(self.use_sinks),
             "attention_k_eq_v": bool(self.attention_k_eq_v),
             "use_value_norm": bool(self.use_value_norm),
+            "is_kv_shared_layer": bool(self.is_kv_shared_layer),
             "query_scale_beta": check_positive_float(
                 "query_scale_beta", self.query_scale_beta, allow_none=True),
             "query_scale_length": check_positive_int(

@@ -28,7 +28,8 @@ _COMMON = dict(vocab_size=V, hidden_size=D, intermediate_size=F, num_attention_h
 # beyond the tolerance (the tests can fail): kind "config" sets `changes` in the configs of
 # the blocks `changes["where"]` selects ("all" or "sliding"), "norm_offset" takes 1 from
 # every RMSNorm scale (forgetting Gemma's `1 + w`), "qk_norm_ones" sets the qk-norm scales
-# to 1 (ignoring q_norm / k_norm).
+# to 1 (ignoring q_norm / k_norm), "zero_weights" zeroes the kernels of the layers named in
+# `changes["names"]`.
 CASES = {
     "llama": ("LlamaConfig", dict(num_hidden_layers=2, tie_word_embeddings=False,
                                   rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
@@ -128,6 +129,21 @@ CASES = {
                                             "rope_theta": 1e6}}),
         20, ("values not normalised (v_norm ignored)", "config",
              {"where": "all", "use_value_norm": False})),
+    # Gemma 4, E2B-style: per-layer input embeddings (P = 8) and the last two layers
+    # reusing the keys and values of the last earlier layer of their type (layer 3 those of
+    # layer 2, layer 4 those of layer 1), with double-wide MLPs there.
+    "gemma4_text_e2b": ("Gemma4TextConfig", dict(
+        num_hidden_layers=5, head_dim=16, global_head_dim=32, sliding_window=6,
+        final_logit_softcapping=8.0, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=V, num_kv_shared_layers=2, use_double_wide_mlp=True,
+        layer_types=["full_attention", "full_attention", "sliding_attention",
+                     "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "proportional",
+                                            "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1e6}}),
+        21, ("per-layer inputs dropped (per_layer_projection zeroed)", "zero_weights",
+             {"names": ("per_layer_projection",)})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -147,6 +163,10 @@ def config_kwargs(name, small=False):
             kwargs["sliding_window"] = 4
         if "query_pre_attn_scalar" in kwargs:
             kwargs["query_pre_attn_scalar"] = 12
+        if kwargs.get("num_kv_shared_layers"):  # two layers: the second reuses the first's
+            kwargs["num_kv_shared_layers"] = 1
+        if kwargs.get("vocab_size_per_layer_input"):
+            kwargs["vocab_size_per_layer_input"] = SMALL["vocab_size"]
     return kwargs
 
 
@@ -173,6 +193,10 @@ def ablate(lm, name):
             layer.scale.assign(keras.ops.convert_to_numpy(layer.scale) - 1.0)
         elif kind == "qk_norm_ones" and layer.name in ("query_norm", "key_norm"):
             layer.scale.assign(np.ones(tuple(layer.scale.shape), "float32"))
+    if kind == "zero_weights":
+        for layer in new._flatten_layers(include_self=False, recursive=True):
+            if layer.name in changes["names"]:
+                layer.kernel.assign(np.zeros(tuple(layer.kernel.shape), "float32"))
     return new
 
 

@@ -60,6 +60,8 @@ class LayerSpec:
     # model's `head_dim` / `num_key_value_heads`.
     head_dim: int | None = None
     num_key_value_heads: int | None = None
+    intermediate_dim: int | None = None  # this layer's F (Gemma 4's double-wide MLP), or None
+    kv_source: int | None = None  # the layer whose keys and values this one reuses, or None
 
 
 @dataclasses.dataclass
@@ -93,6 +95,8 @@ class ModelSpec:
     residual_scale: float | None = None  # every residual branch times it (Granite)
     logits_scaling: float | None = None  # the logits divided by it (Granite)
     layer_scalar: bool = False  # each layer's output times its `layer_scalar` weight (Gemma 4)
+    per_layer_input_dim: int | None = None  # P of the per-layer input embeddings (Gemma 4)
+    per_layer_vocabulary_size: int | None = None  # their vocabulary (Gemma 4), None: V
 
     def layer_head_dim(self, index):
         """d of layer `index` (its own, or the model's `head_dim`)."""

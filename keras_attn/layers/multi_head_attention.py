@@ -22,6 +22,10 @@ from keras_attn.options import expose_options, pop_options
 __all__ = ["MultiHeadAttention"]
 
 
+def cache_shape_text(cache):
+    return None if cache is None else kv_cache.cache_shape(cache)
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention, with masks that are never silently dropped.
@@ -220,16 +224,18 @@ class MultiHeadAttention(keras.layers.Layer):
         key_shape = value_shape if key_shape is None else check_rank(
             "key", key_shape, 3, "(B, S, k_dim)")
         H, H_kv, d_k, d_v = self.num_heads, self.num_key_value_heads, self.key_dim, self.head_value_dim
-        projections = [("query_dense", H * d_k, query_shape), ("key_dense", H_kv * d_k, key_shape)]
-        if not self.attention_k_eq_v:  # else the keys' projection is the values' too
+        projections = [("query_dense", H * d_k, query_shape)]
+        if not self.is_kv_shared_layer:  # else another layer's keys and values
+            projections.append(("key_dense", H_kv * d_k, key_shape))
+        if not (self.attention_k_eq_v or self.is_kv_shared_layer):  # K = V: the keys' too
             projections.append(("value_dense", H_kv * d_v, value_shape))
         for name, units, shape in projections:
             setattr(self, name, projection.dense(self, units, name))
             getattr(self, name).build(shape)
         if self.qk_norm is not None:
-            self.query_norm, self.key_norm = (projection.qk_norm_layer(
-                self.qk_norm, self.qk_norm_epsilon, d_k, self.dtype_policy, name)
-                for name in ("query_norm", "key_norm"))
+            for name in ("query_norm",) + (() if self.is_kv_shared_layer else ("key_norm",)):
+                setattr(self, name, projection.qk_norm_layer(
+                    self.qk_norm, self.qk_norm_epsilon, d_k, self.dtype_policy, name))
         if self.use_gate:
             self.gate_dense = projection.dense(self, H * d_v, "gate_dense", activation="sigmoid")
             self.gate_dense.build(query_shape)
@@ -245,6 +251,12 @@ class MultiHeadAttention(keras.layers.Layer):
              use_causal_mask=False, mask=None, cache=None, cache_update_index=None):
         compat.check_flash_attention(self._flash_attention,
                                      return_attention_scores=return_attention_scores)
+        if self.is_kv_shared_layer and (cache is None or cache_update_index is None):
+            raise ValueError(
+                f"Layer '{self.name}' has `is_kv_shared_layer=True`: it attends another "
+                "layer's keys and values, passed as that layer's `cache` with the step's "
+                f"`cache_update_index`. Received: cache={cache_shape_text(cache)}, "
+                f"cache_update_index={cache_update_index!r}")
         cache_in = kv_cache.KVCache.of(cache, cache_update_index)  # a tensor: keras-hub's layout
         given = dict(attention_mask=attention_mask, key_mask=key_mask, value_mask=value_mask)
         read_only = cache is not None and cache_update_index is None
@@ -331,7 +343,7 @@ class MultiHeadAttention(keras.layers.Layer):
         d_k, d_v, H_kv = self.key_dim, self.head_value_dim, self.num_key_value_heads
         q = projection.project_heads(self.query_dense, query, self.num_heads, d_k)  # (B, T, H, d_k)
         k = v = None
-        if not read_only:
+        if not read_only and not self.is_kv_shared_layer:
             k = projection.project_heads(self.key_dense, key, H_kv, d_k)  # (B, S_new, H_kv, d_k)
             v = (k if self.attention_k_eq_v  # the projected keys, before key_norm and RoPE
                  else projection.project_heads(self.value_dense, value, H_kv, d_v))  # (B, S_new, H_kv, d_v)
@@ -339,10 +351,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 v = projection.value_norm(v, self.qk_norm_epsilon)
         if self.qk_norm is not None:
             q = self.query_norm(q)
-            k = None if read_only else self.key_norm(k)
+            k = None if k is None else self.key_norm(k)
         if self.rope_max_wavelength is not None and not cached:
             q, k = projection.rope_heads(q, k, ops.shape(query)[1], ops.shape(key)[1], None,
-                                         None, self.options)
+                                         None, self.options)  # never shared: a cache
         if self.query_scale_beta is not None and not cached:  # after RoPE, RoPE's positions
             q = projection.query_scale(q, projection.query_positions(
                 ops.shape(query)[1], ops.shape(key)[1]), self.options)

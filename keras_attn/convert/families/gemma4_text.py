@@ -17,12 +17,21 @@ sandwich norms, qk-norm, `sqrt(D)` embedding scale and final soft-cap, with
 - `layer_scalar`: a `(1,)` buffer of each layer multiplying its output (the residual
   stream), read from the state dict.
 
+- KV sharing (`num_kv_shared_layers` k > 0, E2B / E4B): the last k layers ("reuse")
+  attend the keys and values of the last earlier layer of their type ("store"): no
+  `k_proj`, `v_proj`, `k_norm` of their own (`is_kv_shared_layer`, `CausalLM`'s
+  `kv_sharing`; stored ones are dropped, as transformers ignores them on load), and
+  with `use_double_wide_mlp` an MLP twice `intermediate_size` wide;
+- per-layer input embeddings (`hidden_size_per_layer_input` P > 0, E2B / E4B):
+  `embed_tokens_per_layer`, `per_layer_model_projection`, `per_layer_projection_norm`
+  (`CausalLM`'s `hidden_size_per_layer_input`, `vocab_size_per_layer_input`) and per
+  layer `per_layer_input_gate`, `per_layer_projection`, `post_per_layer_input_norm`.
+
 transformers forces the last layer to "full_attention" (with a warning); so does this
 module. Refused, naming the field: the mixture of experts (`enable_moe_block`, issue 34,
 and its `num_experts`, `top_k_experts`, `moe_intermediate_size`), bidirectional
-attention (`use_bidirectional_attention`), and until keras_attn reproduces them the
-per-layer input embeddings (`hidden_size_per_layer_input` > 0) and KV sharing
-(`num_kv_shared_layers` > 0).
+attention (`use_bidirectional_attention`), and KV sharing in every layer (no layer
+would compute the keys: transformers fails there too).
 """
 
 import math
@@ -124,12 +133,6 @@ def spec(config):
     core = _shared.core(config, activation_field="hidden_activation",
                         default_activation="gelu_pytorch_tanh", tie_default=True)
     n, H = core["num_layers"], core["num_heads"]
-    if config.get("hidden_size_per_layer_input"):
-        _refuse("hidden_size_per_layer_input", config["hidden_size_per_layer_input"],
-                "per-layer input embeddings are not reproduced yet: 0 or None")
-    if config.get("num_kv_shared_layers", 0):
-        _refuse("num_kv_shared_layers", config["num_kv_shared_layers"],
-                "KV sharing across layers is not reproduced yet: 0")
     window = _shared.window_of(config)
     types = config.get("layer_types")
     types = list(_shared.every_nth_full(n, 6) if types is None else types)
@@ -152,14 +155,60 @@ def spec(config):
     layers = _shared.layer_specs(
         n, [rope[kind] for kind in types], windows=_shared.sliding_windows(types, window),
         scale=1.0, qk_norm="rms", qk_norm_epsilon=core["epsilon"], use_value_norm=True)
+    sources = kv_sources(config, types)
+    wide = bool(config.get("use_double_wide_mlp", False))
     for i, layer in enumerate(layers):
         layer.head_dim, layer.num_key_value_heads = heads[i]
         if k_eq_v and types[i] == "full_attention":
             layer.attention["attention_k_eq_v"] = True
+        if sources[i] is not None:
+            layer.kv_source = sources[i]
+            layer.attention["is_kv_shared_layer"] = True
+            if wide:  # transformers' Gemma4TextMLP: double width on the shared layers only
+                layer.intermediate_dim = 2 * core["intermediate_dim"]
+    P = config.get("hidden_size_per_layer_input")
+    if P not in (0, None):
+        P = _positive_int(config, "hidden_size_per_layer_input")
     return ModelSpec(
         **core, qkv_bias=bias, output_bias=bias, mlp_bias=False, qk_norm=True,
         final_logit_soft_cap=final_cap,
         sandwich_norms=True, norm_offset=0.0,
         # transformers casts sqrt(D) to the weights' dtype (exact for float32).
         embedding_scale=float(math.sqrt(core["hidden_dim"])), layer_scalar=True,
-        layers=layers)
+        per_layer_input_dim=P or None,
+        per_layer_vocabulary_size=_positive_int(config, "vocab_size_per_layer_input")
+        if P else None, layers=layers)
+
+
+def kv_sources(config, types):
+    """Each layer's KV source: None, or for the last `num_kv_shared_layers` the last earlier
+    layer of the same type (`Gemma4TextConfig.kv_sharing_modes`: "reuse" and "store")."""
+    n, shared = len(types), config.get("num_kv_shared_layers", 0)
+    if shared in (0, None):
+        return [None] * n
+    if isinstance(shared, bool) or not isinstance(shared, int) or not 0 < shared < n:
+        _refuse("num_kv_shared_layers", shared, f"an int in [0, num_hidden_layers={n}): "
+                "some layer must compute the keys and values the others reuse")
+    first = n - shared
+    sources = [None] * n
+    for i in range(first, n):
+        earlier = [j for j in range(first) if types[j] == types[i]]
+        if not earlier:
+            _refuse("num_kv_shared_layers", shared, f"layer {i} ({types[i]!r}) has no earlier "
+                    "layer of its type to take the keys and values from")
+        sources[i] = earlier[-1]
+    return sources
+
+
+def canonical_state_dict(entries, spec):
+    """The state dict without the KV-shared layers' `k_proj`, `v_proj`, `k_norm`, `v_norm`
+    (transformers' `_keys_to_ignore_on_load_unexpected`: a checkpoint may hold them, the
+    model never reads them)."""
+    for i, layer in enumerate(spec.layers):
+        if layer.kv_source is None:
+            continue
+        prefix = f"model.layers.{i}.self_attn."
+        for key in [k for k in entries if isinstance(k, str) and k.startswith(prefix)]:
+            if key[len(prefix):].split(".")[0] in ("k_proj", "v_proj", "k_norm", "v_norm"):
+                entries.pop(key)
+    return entries
