@@ -15,8 +15,8 @@ from keras_attn.layers._common import clone_initializer
 from keras_attn.rotary import apply_rope
 
 __all__ = ["dense", "dense_config", "einsum_sums_in_float32", "gate", "project_heads",
-           "project_output", "qk_norm_layer", "value_norm", "query_positions", "query_scale", "rope", "rope_heads",
-           "set_dense_arguments"]
+           "project_output", "qk_norm_layer", "query_positions", "query_scale", "rope",
+           "rope_heads", "set_dense_arguments", "value_norm"]
 
 _DENSE_ARGUMENTS = {f"{part}_{kind}": module
                     for kind, module in (("initializer", keras.initializers),
