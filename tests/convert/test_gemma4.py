@@ -145,7 +145,9 @@ def test_shared_layers_own_no_key_value_weights_and_read_their_source(converted,
     assert reads == [fc.T, fc.T]  # the two shared blocks, over the T tokens
     reads.clear()
     lm.generate(ids[:, :fc.P], max_length=fc.P + 3, jit_compile=False)
-    assert reads == [fc.P, fc.P, 1, 1, 1, 1]  # the prefill, then two decoding steps
+    # The prefill, then the decoding step: run twice eagerly (torch), traced once or more
+    # inside the compiled loop (jax, tensorflow), each time over one token.
+    assert reads[:2] == [fc.P, fc.P] and set(reads[2:]) == {1} and len(reads[2:]) % 2 == 0
 
 
 def test_the_per_layer_config_is_cross_checked_against_the_weights(converted):
