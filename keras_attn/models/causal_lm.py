@@ -64,6 +64,14 @@ def _check_kv_sharing(kv_sharing, num_blocks):
     return sources
 
 
+def _empty_caches(lm, batch, max_length):
+    """`generate`'s caches: L slots per block; one slot for a KV-shared block, which reads
+    its source's cache and hands its own back untouched (a placeholder)."""
+    sources = lm.kv_sharing or [None] * len(lm.blocks)
+    return [empty_cache(block, batch, max_length if source is None else 1, as_kv_cache=True)
+            for block, source in zip(lm.blocks, sources)]
+
+
 class _GenerateLoop(keras.Model):
     """`CausalLM.generate` as a Keras model, so that Keras compiles it.
 
@@ -88,8 +96,7 @@ class _GenerateLoop(keras.Model):
     def call(self, prompt_ids):
         self.traces += 1
         batch = prompt_ids.shape[0]
-        caches = [empty_cache(block, batch, self.max_length, as_kv_cache=True)
-                  for block in self.lm.blocks]
+        caches = _empty_caches(self.lm, batch, self.max_length)
         step = self.lm.next_token_logits
         if self.step is not None:
             self.step.follow(self.lm.variables)  # once per call: the weights may have changed
@@ -499,8 +506,7 @@ class CausalLM(keras.Model):
         prompt = concrete_value(prompt_ids)
         if (keras.backend.backend() == "numpy" or prompt is None
                 or (sampling and not isinstance(seed, numbers.Integral))):
-            caches = [empty_cache(block, batch, max_length, as_kv_cache=True)
-                      for block in self.blocks]
+            caches = _empty_caches(self, batch, max_length)
             return generate_tokens(self.next_token_logits, prompt_ids, max_length, caches,
                                    end_token_id=end_token_id, temperature=temperature,
                                    top_k=top_k, seed=seed)
