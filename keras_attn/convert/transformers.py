@@ -23,7 +23,12 @@ Mapping (`W` a torch `Linear` weight `(out, in)`, a Keras kernel is `W.T`):
 it to `post_attention_norm`, `pre_feedforward_layernorm` to
 `feed_forward_norm` and `post_feedforward_layernorm` to
 `post_feed_forward_norm`. Gemma's RMSNorms multiply by `1 + w`: the stored
-`w` becomes the Keras scale `1 + w`.
+`w` becomes the Keras scale `1 + w`. Gemma 4's `layer_scalar` (a buffer) maps to the
+block's `layer_scalar`, its per-layer input weights (`per_layer_input_gate`,
+`per_layer_projection`, `post_per_layer_input_norm`; the model's
+`embed_tokens_per_layer`, `per_layer_model_projection`, `per_layer_projection_norm`) to
+the sublayers of the same names; a layer's head width, key/value heads and MLP width
+are its own where `ModelSpec.layers[i]` says so (checked against the weights as such).
 """
 
 from collections.abc import Mapping
@@ -77,16 +82,14 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
     if not shared:
         k = check(entries, sub + "k_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
                   f"{kv_heads}, {width}")
-    if shared:
-        pass
-    elif k_eq_v:  # the keys' projection is the values' too: there is no v_proj
+    if k_eq_v and not shared:  # the keys' projection is the values' too: there is no v_proj
         for name in (sub + "v_proj.weight", sub + "v_proj.bias"):
             if entries.has(name):
                 raise ValueError(
                     "The config and the weights disagree: attention_k_eq_v=True (the values "
                     f"are the projected keys) on this layer, but state_dict has "
                     f"{entries.key(name)}.")
-    else:
+    elif not shared:
         v = check(entries, sub + "v_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
                   f"{kv_heads}, {width}")
     o = check(entries, sub + "o_proj.weight", (D, H * d), "(D, H * d)", f"{width}, {heads}")
@@ -96,7 +99,7 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
              ("v", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
              ("o", D, "(D,)", spec.output_bias, width)]
     for part, rows, letters, flag, what in parts:
-        if (part == "v" and k_eq_v) or (part in "kv" and shared):
+        if (part == "v" and k_eq_v) or (part in ("k", "v") and shared):
             continue
         name = f"{sub}{part}_proj.bias"
         if flag:
@@ -124,10 +127,10 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
 def _block(spec: ModelSpec, index, name=None, dtype=None):
     """The unbuilt `TransformerDecoderLayer` of layer `index`."""
     return TransformerDecoderLayer(
-        spec.num_heads, intermediate_dim=spec.layers[index].intermediate_dim or spec.intermediate_dim,
+        spec.num_heads,
+        intermediate_dim=spec.layers[index].intermediate_dim or spec.intermediate_dim,
         key_dim=spec.layer_head_dim(index), num_key_value_heads=spec.layer_kv_heads(index),
-        normalization=spec.normalization,
-        normalize_first=True, gated_feed_forward=spec.gated_feed_forward,
+        normalization=spec.normalization, normalize_first=True, gated_feed_forward=spec.gated_feed_forward,
         activation=gelu_approximate if spec.activation == "gelu_approximate" else spec.activation,
         layer_norm_epsilon=spec.epsilon, use_bias=spec.mlp_bias,
         attention_use_bias=spec.qkv_bias, attention_output_use_bias=spec.output_bias,
