@@ -197,18 +197,20 @@ def positions(T, new_length, start=0):
             ops.arange(new_length, dtype="int32") + start)
 
 
-def fold_positions(mask, T, S_max, cache_update_index, new_length, *, is_causal, window):
+def fold_positions(mask, T, S_max, cache_update_index, new_length, *, is_causal, window,
+                   attention_chunk_size=None):
     """`(mask, in_range)` of a call over a cache: the positional rules folded into `mask`.
 
     Positions over the cache follow `cache_update_index`, which may be
-    traced, so the causal / window / written-slots mask `(T, S_max)` is built
+    traced, so the causal / window / chunk / written-slots mask `(T, S_max)` is built
     explicitly and ANDed into `mask` (`(B|1, H|1, T, S_max)` or None).
     `new_length` is S_new (None: a read-only call). `in_range` is None, or,
     for a traced index, the bool tensor that `index_in_range` gives: a
     traced index cannot be range-checked now, and out of range gives NaN.
     """
     mask = combine_masks(mask, cached_positional_mask(
-        T, S_max, cache_update_index, new_length, is_causal, window))
+        T, S_max, cache_update_index, new_length, is_causal, window,
+        attention_chunk_size=attention_chunk_size))
     in_range = None
     if new_length is not None and not isinstance(cache_update_index, int):
         in_range = index_in_range(cache_update_index, new_length, S_max)
@@ -254,7 +256,8 @@ def _cast(x, dtype):
     return ops.cast(x, dtype)
 
 
-def cached_positional_mask(T, max_length, start, new_length, is_causal, window):
+def cached_positional_mask(T, max_length, start, new_length, is_causal, window, *,
+                           attention_chunk_size=None):
     """Bool `(T, S_max)`: which cache slots each query may attend.
 
     Args:
@@ -266,6 +269,8 @@ def cached_positional_mask(T, max_length, start, new_length, is_causal, window):
             when `start` is None).
         is_causal: slot j only if `j <= p`, p the query's absolute position.
         window: W or None: `0 <= p - j < W` (causal) or `|p - j| < W`.
+        attention_chunk_size: C or None: `floor(j / C) == floor(p / C)`, at the
+            absolute positions (slot j holds position j).
 
     Built from `arange` comparisons (never Python control flow on `start`),
     so one compiled step serves every `start`. Recorded as the `"cached"`
@@ -274,13 +279,15 @@ def cached_positional_mask(T, max_length, start, new_length, is_causal, window):
     """
     record_path("cached")
     if start is None:  # every slot written: the queries are the last T positions
-        allowed = positional_mask(T, max_length, is_causal, window)
+        allowed = positional_mask(T, max_length, is_causal, window,
+                                  attention_chunk_size=attention_chunk_size)
     else:
         end = start + new_length  # one past the last written slot
         # Self-attention (S_new == T) under the causal mask: `j <= p` already
         # excludes every unwritten slot (the last query sits at end - 1).
         written = None if (is_causal and new_length == T) else end
-        allowed = positional_mask(T, end, is_causal, window, slots=max_length, key_end=written)
+        allowed = positional_mask(T, end, is_causal, window, slots=max_length, key_end=written,
+                                  attention_chunk_size=attention_chunk_size)
     if allowed is None:
         return None
     return ops.broadcast_to(allowed, (T, max_length))

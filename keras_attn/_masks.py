@@ -8,7 +8,9 @@ j iff
 - `j < key_end` when the keys stop early (cache slots not yet written, the
   padding of the blockwise path's last block),
 - `j <= p` when causal,
-- `p - j < W` (causal) or `|p - j| < W` (not causal) with a sliding window W.
+- `p - j < W` (causal) or `|p - j| < W` (not causal) with a sliding window W,
+- `floor(j / C) == floor(p / C)` with chunks of C (Llama 4's
+  `attention_chunk_size`: block-diagonal attention).
 
 `may_attend` is that rule, written once. Every user calls it: the explicit
 and fused kernels and the public helpers through `positional_mask` (`(T, S)`,
@@ -33,7 +35,8 @@ def combine_masks(*masks):
     return combined
 
 
-def may_attend(query_position, key_position, is_causal=False, sliding_window=None, key_end=None):
+def may_attend(query_position, key_position, is_causal=False, sliding_window=None, key_end=None,
+               *, attention_chunk_size=None):
     """Bool: the query at absolute position p may attend the key at position j.
 
     Args:
@@ -46,12 +49,19 @@ def may_attend(query_position, key_position, is_causal=False, sliding_window=Non
             included) or `|p - j| < W` (not causal).
         key_end: keys at `j >= key_end` are never attended (an int or a
             scalar int tensor), or None.
+        attention_chunk_size: C or None: `floor(j / C) == floor(p / C)` (a floor
+            division: a negative position, a query before the keys, is in a
+            chunk of its own below every key's).
 
     Returns:
         The broadcast of the two position tensors, or None when nothing
         restricts the keys.
     """
     allowed = None if key_end is None else ops.less(key_position, key_end)
+    if attention_chunk_size is not None:
+        allowed = and_masks(allowed, ops.equal(
+            ops.floor_divide(query_position, attention_chunk_size),
+            ops.floor_divide(key_position, attention_chunk_size)))
     if is_causal or sliding_window is not None:
         distance = query_position - key_position
         if is_causal:
@@ -75,22 +85,25 @@ def query_positions(T, S):
     return rows + (S - T)
 
 
-def positional_mask(T, S, is_causal=False, sliding_window=None, slots=None, key_end=None):
+def positional_mask(T, S, is_causal=False, sliding_window=None, slots=None, key_end=None, *,
+                    attention_chunk_size=None):
     """Bool `(T, slots)` of the queries bottom-right aligned over S keys, or None.
 
     Args:
         T, S: query and key lengths (ints or scalar tensors): query i sits at
             `i + (S - T)`.
-        is_causal, sliding_window, key_end: as in `may_attend`.
+        is_causal, sliding_window, key_end, attention_chunk_size: as in `may_attend`.
         slots: the number of key positions (`0 .. slots - 1`) the mask spans;
             defaults to S. A cache spans its S_max slots while its queries
             are aligned to the last written one.
 
     Returns:
-        None when neither `is_causal`, `sliding_window` nor `key_end` restricts the
-        keys; else a mask that broadcasts to `(T, slots)` (`(T, slots)`
-        itself whenever `is_causal` or `sliding_window` is set).
+        None when neither `is_causal`, `sliding_window`, `attention_chunk_size` nor
+        `key_end` restricts the keys; else a mask that broadcasts to `(T, slots)`
+        (`(T, slots)` itself whenever one of the first three is set).
     """
     keys = ops.expand_dims(ops.arange(S if slots is None else slots, dtype="int32"), 0)  # (1, S)
-    rows = query_positions(T, S) if (is_causal or sliding_window is not None) else None
-    return may_attend(rows, keys, is_causal, sliding_window, key_end)
+    by_position = is_causal or sliding_window is not None or attention_chunk_size is not None
+    rows = query_positions(T, S) if by_position else None
+    return may_attend(rows, keys, is_causal, sliding_window, key_end,
+                      attention_chunk_size=attention_chunk_size)

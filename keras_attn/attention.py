@@ -117,7 +117,8 @@ def padding_mask(lengths, max_length):
     return ops.less(positions, ops.expand_dims(ops.cast(lengths, "int32"), 1))
 
 
-def _validate(query, key, value, mask, bias, *, dropout_rate, sliding_window, logit_soft_cap):
+def _validate(query, key, value, mask, bias, *, dropout_rate, sliding_window, logit_soft_cap,
+              attention_chunk_size=None):
     """Check dtypes, ranks, widths, lengths, heads and mask shapes before computing."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         check_floating(name, x)
@@ -165,6 +166,7 @@ def _validate(query, key, value, mask, bias, *, dropout_rate, sliding_window, lo
             )
     check_dropout("dropout_rate", dropout_rate)
     check_positive_int("sliding_window", sliding_window, allow_none=True)
+    check_positive_int("attention_chunk_size", attention_chunk_size, allow_none=True)
     check_positive_float("logit_soft_cap", logit_soft_cap, allow_none=True)
     target = score_lead(q, k) + (q[-2], k[-2])
     for name, tensor in (("mask", mask), ("bias", bias)):
@@ -194,6 +196,7 @@ def scaled_dot_product_attention(
     sliding_window=None,
     logit_soft_cap=None,
     sinks=None,
+    attention_chunk_size=None,
 ):
     """Scaled dot-product attention, `softmax(q k^T * scale + bias) v`.
 
@@ -262,6 +265,14 @@ def scaled_dot_product_attention(
             explicit one adds them to the softmax, the fused one takes them
             exactly as one more key, of zero key and value, whose bias is the
             sink, the blockwise one starts each row's online softmax from it.
+        attention_chunk_size: C, a positive int, or None: chunked
+            (block-diagonal) attention, Llama 4's `attention_chunk_size`.
+            Query position p = i + (S - T) may attend key j only if
+            `floor(j / C) == floor(p / C)` (and `j <= p` when causal;
+            transformers' `chunked_causal_mask_function`), on top of a
+            window and the masks. On every path: the explicit and fused ones
+            fold it into the mask, the blockwise one skips the blocks outside
+            the chunks (its cost grows like T * C).
 
     Returns:
         The output `(..., T, d_v)` in the dtype of `value`, and, with
@@ -275,7 +286,8 @@ def scaled_dot_product_attention(
     """
     check_implementation(implementation)
     _validate(query, key, value, mask, bias, dropout_rate=dropout_rate,
-              sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
+              sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
+              attention_chunk_size=attention_chunk_size)
     symbolic = any(isinstance(x, keras.KerasTensor) for x in (query, key, value, mask, bias))
     query = ops.convert_to_tensor(query)
     key = ops.convert_to_tensor(key)
@@ -288,13 +300,13 @@ def scaled_dot_product_attention(
     spec = KernelSpec(is_causal=bool(is_causal), scale=float(scale),
                       sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
                       dropout_rate=float(dropout_rate), seed=seed, training=bool(training),
-                      sinks=sinks is not None)
+                      sinks=sinks is not None, attention_chunk_size=attention_chunk_size)
     needs_weights = bool(return_attention_scores) or bool(training and dropout_rate > 0.0)
     path = select_implementation(
         implementation, backend=keras.backend.backend(), lead=score_lead(query, key),
         T=static_shape(query)[-2], S=static_shape(key)[-2], has_mask=mask is not None,
         has_bias=bias is not None, is_causal=is_causal, needs_weights=needs_weights, symbolic=symbolic,
-        has_window=sliding_window is not None, unfusable=spec.unfusable,
+        has_window=_banded_by_position(spec), unfusable=spec.unfusable,
         device=device_kind(query), mode=execution_mode())
     return attend(path, query, key, value, mask, bias, spec=spec, sinks=sinks,
                   return_attention_scores=return_attention_scores)
@@ -333,7 +345,7 @@ def attend(path, query, key, value, mask=None, bias=None, *, spec=None, sinks=No
     if path == "blockwise" and 0 not in (T, S):
         block = block_size_for(score_lead(query, key), T, S, spec.positional,
                                blocks=block_rule(keras.backend.backend()),
-                               sliding_window=spec.sliding_window)
+                               sliding_window=_band_width(spec))
     settings = dict(path=path, return_attention_scores=bool(return_attention_scores),
                     block_size=block)
     # On JAX an eager call is one compiled program per shape and settings
@@ -387,10 +399,11 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
         query: `(B, T, H, d_k)`; key: `(B, S, H_kv, d_k)`; value:
             `(B, S, H_kv, d_v)`.
         options: the `keras_attn.options.AttentionOptions` that act here
-            (`sliding_window`, `logit_soft_cap`, `scale`: the call's
-            `KernelSpec`); the projections have applied the others.
-        window_in_mask: the window is folded into `mask` already (a call over
-            a cache): the kernel applies none.
+            (`sliding_window`, `attention_chunk_size`, `logit_soft_cap`,
+            `scale`: the call's `KernelSpec`); the projections have applied
+            the others.
+        window_in_mask: the window and the chunks are folded into `mask`
+            already (a call over a cache): the kernel applies neither.
         mask: bool broadcastable to `(B, H, T, S)`, or None.
         sinks: `(H,)` sink logits (the layer's `sinks` weight), or None.
         implementation: a path's name, or a callable with the signature of
@@ -409,6 +422,7 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
     spec = kernel_spec(options, is_causal=is_causal, scale=options.scale or 1.0 / math.sqrt(d_k),
                        dropout_rate=dropout_rate, seed=seed, training=training,
                        sliding_window=None if window_in_mask else "options",
+                       attention_chunk_size=None if window_in_mask else "options",
                        sinks=sinks is not None)
     if callable(implementation):
         # A user's function takes scaled_dot_product_attention's keywords (public names).
@@ -418,13 +432,15 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
                         sliding_window=spec.sliding_window, logit_soft_cap=spec.logit_soft_cap)
         if sinks is not None:  # only when set: a function written before sinks keeps working
             keywords["sinks"] = sinks
+        if spec.attention_chunk_size is not None:  # the same: only when set
+            keywords["attention_chunk_size"] = spec.attention_chunk_size
         query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
         return (*_attention_fn_result(implementation, implementation(query, key, value, **keywords),
                                       return_attention_scores), True)
     path = select_implementation(
         implementation, lead=(B, H), T=T, S=S, has_mask=mask is not None, has_bias=False,
         is_causal=is_causal, needs_weights=bool(return_attention_scores) or spec.drops,
-        symbolic=isinstance(query, keras.KerasTensor), has_window=spec.sliding_window is not None,
+        symbolic=isinstance(query, keras.KerasTensor), has_window=_banded_by_position(spec),
         unfusable=spec.unfusable, device=device_kind(query),
         cached=cached, backend=keras.backend.backend(), mode=execution_mode())
     if path == "fused" and 0 not in (T, S):
@@ -440,6 +456,18 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
     return attended, scores, True
 
 
+def _banded_by_position(spec):
+    """Whether positions beyond the causal rule restrict the keys (a window or chunks):
+    the policy's `has_window` (a positional mask for the fused kernel, blocks to skip)."""
+    return spec.sliding_window is not None or spec.attention_chunk_size is not None
+
+
+def _band_width(spec):
+    """The width of the band of keys a query sees (window or chunk), for the block size."""
+    widths = [w for w in (spec.sliding_window, spec.attention_chunk_size) if w is not None]
+    return min(widths) if widths else None
+
+
 def _kernels_in_use():
     """The kernels a compiled call runs (looked up now: a test may replace one)."""
     return (explicit_attention, fused_attention, fused_attention_bthd, blockwise_attention)
@@ -447,7 +475,8 @@ def _kernels_in_use():
 
 def _fused_bthd(query, key, value, mask, sinks=None, *, spec):
     return fused_attention_bthd(query, key, value, mask=mask, is_causal=spec.is_causal,
-                                scale=spec.scale, sliding_window=spec.sliding_window, sinks=sinks)
+                                scale=spec.scale, sliding_window=spec.sliding_window, sinks=sinks,
+                                attention_chunk_size=spec.attention_chunk_size)
 
 
 def _attention_fn_result(fn, result, return_attention_scores):

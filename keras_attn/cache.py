@@ -261,7 +261,8 @@ class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
 
     def update(self, keys, values, cache_update_index=None, *, query_length, batch_size=None,
                num_key_value_heads=None, key_dim=None, value_dim=None, is_causal=False,
-               window=None, rope=None, dtype=None, masks=None) -> CacheUpdate:
+               window=None, rope=None, dtype=None, masks=None,
+               attention_chunk_size=None) -> CacheUpdate:
         """One step over the cache: check, position, write, read, mask.
 
         Args:
@@ -278,7 +279,8 @@ class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
             query_length: T.
             batch_size, num_key_value_heads, key_dim, value_dim: the layer's
                 sizes, checked against the cache (None: not checked).
-            is_causal, window: the positional rules folded into the mask.
+            is_causal, window, attention_chunk_size: the positional rules folded
+                into the mask (the chunks at absolute positions).
             rope: `fn(x, positions)` applied to the new keys at their absolute
                 positions before they are written, or None.
             dtype: of the keys and values returned (the queries' dtype).
@@ -309,7 +311,7 @@ class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
                 keys = rope(keys, key_positions)
         mask, in_range = fold_positions(None, query_length, S_max, None if read_only else index,
                                         None if read_only else length, is_causal=is_causal,
-                                        window=window)
+                                        window=window, attention_chunk_size=attention_chunk_size)
         if shared:
             new = self
         elif not read_only:

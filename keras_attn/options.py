@@ -88,6 +88,15 @@ class AttentionOptions:
             temperature tuning (`attn_scale`, `floor_scale`) is the same curve one
             position later, `floor((p + 1) / floor_scale)`: these two fields do not
             express it.
+        attention_chunk_size: C, or None: chunked (block-diagonal) attention, Llama
+            4's `attention_chunk_size` (transformers' `chunked_causal_mask_function`):
+            position p attends j only if `floor(j / C) == floor(p / C)` (with the
+            causal rule when causal), positions absolute (over a cache too).
+        qk_norm_full_width: with `qk_norm`, normalise the queries over all H * d
+            projected features and the keys over all H_kv * d (one norm each,
+            weights `(H * d,)` and `(H_kv * d,)`) instead of each head over d:
+            OLMo 2's and OLMo 3's `q_norm = RMSNorm(H * d)` (OLMo-core's
+            `use_head_qk_norm=False`), still before RoPE. Needs `qk_norm`.
         attention_k_eq_v: the key projection's output is the values too
             (transformers' `attention_k_eq_v`, Gemma 4's full-attention
             layers): `MultiHeadAttention` has no `value_dense`, and the
@@ -139,6 +148,8 @@ class AttentionOptions:
     use_sinks: bool = False
     query_scale_beta: float | None = None
     query_scale_length: int | None = None
+    attention_chunk_size: int | None = None
+    qk_norm_full_width: bool = False
     attention_k_eq_v: bool = False
     use_value_norm: bool = False
     is_kv_shared_layer: bool = False
@@ -161,6 +172,9 @@ class AttentionOptions:
                 "query_scale_beta", self.query_scale_beta, allow_none=True),
             "query_scale_length": check_positive_int(
                 "query_scale_length", self.query_scale_length, allow_none=True),
+            "attention_chunk_size": check_positive_int(
+                "attention_chunk_size", self.attention_chunk_size, allow_none=True),
+            "qk_norm_full_width": bool(self.qk_norm_full_width),
         }
         if (self.query_scale_beta is None) != (self.query_scale_length is None):
             raise ValueError(
@@ -180,6 +194,11 @@ class AttentionOptions:
         if self.qk_norm not in QK_NORMS:
             raise ValueError(
                 f"`qk_norm` must be None, 'rms' or 'layer'. Received: qk_norm={self.qk_norm!r}")
+        if self.qk_norm_full_width and self.qk_norm is None:
+            raise ValueError(
+                "`qk_norm_full_width` says over which features `qk_norm` normalises, so it "
+                "needs `qk_norm` ('rms' or 'layer'). Received: qk_norm_full_width=True, "
+                "qk_norm=None")
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # normalised (NumPy ints -> int, ...)
 
@@ -259,6 +278,8 @@ class KernelSpec:
         sinks: a sink logit per query head enters every softmax's denominator
             (gpt-oss's `sinks`; the values travel beside the tensors, as a
             `(H,)` tensor, since they are a layer's weights).
+        attention_chunk_size: C, or None (`AttentionOptions.attention_chunk_size`):
+            position p sees key j only if `floor(j / C) == floor(p / C)`.
     """
 
     is_causal: bool = False
@@ -269,6 +290,7 @@ class KernelSpec:
     seed: object = None
     training: bool = False
     sinks: bool = False
+    attention_chunk_size: int | None = None
 
     # The fields that transform the logits `q . k * scale` elementwise, applied in that
     # order by `keras_attn._kernels.common.transform_logits` on the explicit and
@@ -283,8 +305,9 @@ class KernelSpec:
 
     @property
     def positional(self):
-        """Whether positions mask keys (causal or a window)."""
-        return self.is_causal or self.sliding_window is not None
+        """Whether positions mask keys (causal, a window or chunks)."""
+        return (self.is_causal or self.sliding_window is not None
+                or self.attention_chunk_size is not None)
 
     @property
     def drops(self):
@@ -299,13 +322,17 @@ class KernelSpec:
 
 
 def kernel_spec(options, *, is_causal=False, scale, dropout_rate=0.0, seed=None,
-                training=False, sliding_window="options", sinks=False):
+                training=False, sliding_window="options", sinks=False,
+                attention_chunk_size="options"):
     """The `KernelSpec` of `options` (an `AttentionOptions`) for one call.
 
     `scale` is resolved by the caller (`options.scale` or `1 / sqrt(d_k)`);
-    `sliding_window` None: the window is in the mask already (a cached call).
+    `sliding_window` / `attention_chunk_size` None: that rule is in the mask
+    already (a cached call).
     """
     return KernelSpec(
+        attention_chunk_size=(options.attention_chunk_size if attention_chunk_size == "options"
+                              else attention_chunk_size),
         is_causal=bool(is_causal), scale=float(scale),
         sliding_window=options.sliding_window if sliding_window == "options" else sliding_window,
         dropout_rate=float(dropout_rate), seed=seed, training=bool(training), sinks=bool(sinks),

@@ -26,10 +26,10 @@ _COMMON = dict(vocab_size=V, hidden_size=D, intermediate_size=F, num_attention_h
 # name: (transformers config class, config kwargs, seed, ablation). An ablation (what,
 # kind, changes) breaks the converted model in one place; its logits must then move far
 # beyond the tolerance (the tests can fail): kind "config" sets `changes` in the configs of
-# the blocks `changes["where"]` selects ("all" or "sliding"), "norm_offset" takes 1 from
-# every RMSNorm scale (forgetting Gemma's `1 + w`), "qk_norm_ones" sets the qk-norm scales
-# to 1 (ignoring q_norm / k_norm), "zero_weights" zeroes the kernels of the layers named in
-# `changes["names"]`.
+# the blocks `changes["where"]` selects ("all", "sliding" or "no_rope": those without RoPE),
+# "norm_offset" takes 1 from every RMSNorm scale (forgetting Gemma's `1 + w`),
+# "qk_norm_ones" sets the qk-norm scales to 1 (ignoring q_norm / k_norm), "zero_weights"
+# zeroes the kernels of the layers named in `changes["names"]`.
 CASES = {
     "llama": ("LlamaConfig", dict(num_hidden_layers=2, tie_word_embeddings=False,
                                   rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
@@ -95,8 +95,8 @@ CASES = {
         12, ("sliding_window -> None", "config", {"where": "sliding", "sliding_window": None})),
     "smollm3": ("SmolLM3Config", dict(num_hidden_layers=4, no_rope_layer_interval=2,
                                       tie_word_embeddings=True),
-                13, ("RoPE in every block (no_rope_layers ignored)", "config",
-                     {"where": "all", "rope_max_wavelength": 1e4})),
+                13, ("RoPE (the model's base 2e6) on the no-RoPE blocks (no_rope_layers "
+                     "ignored)", "config", {"where": "no_rope", "rope_max_wavelength": 2e6})),
     "glm4": ("Glm4Config", dict(num_hidden_layers=2, head_dim=16, partial_rotary_factor=0.5,
                                 tie_word_embeddings=False),
              14, ("RoPE over the whole head (partial_rotary_factor ignored)", "config",
@@ -182,7 +182,9 @@ def ablate(lm, name):
         changes = dict(changes)
         where = changes.pop("where")
         for block in config["blocks"]:
-            if where == "all" or block["config"]["sliding_window"] is not None:
+            chosen = {"all": True, "sliding": block["config"]["sliding_window"] is not None,
+                      "no_rope": block["config"]["rope_max_wavelength"] is None}[where]
+            if chosen:
                 block["config"].update(changes)
     new = CausalLM.from_config(config)
     new.set_weights(lm.get_weights())

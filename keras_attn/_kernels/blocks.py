@@ -23,6 +23,13 @@ def _clip(index, count):
     return ops.clip(index, 0, count)
 
 
+def _bound(on_ints, on_tensors, a, b):
+    """`max` / `min` of two block bounds: Python ints stay ints (static loop bounds)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return on_ints(a, b)
+    return on_tensors(a, b)
+
+
 class _Blocks:
     """Static geometry of one blockwise call and the block-slicing helpers.
 
@@ -31,6 +38,9 @@ class _Blocks:
     `blockwise_attention`). Row r's query sits at absolute position
     `r // group + offset`, `offset = S - T` (bottom-right), and which keys it
     may see is `keras_attn._masks.may_attend`, evaluated one block at a time.
+    `key_range` / `query_range` bound the blocks by the causal rule, the
+    window and the chunks (`attention_chunk_size`), so blocks that no row may
+    see are never computed.
     """
 
     def __init__(self, rows, S, block_size, lead, *, spec, group=1):
@@ -41,6 +51,8 @@ class _Blocks:
         self.Tp, self.Sp = self.nq * self.bq, self.nk * self.bk
         self.spec, self.group, self.scale = spec, group, spec.scale
         self.is_causal, self.sliding_window = spec.is_causal, spec.sliding_window
+        self.chunk = spec.attention_chunk_size  # C: block-diagonal, blocks off the chunks skipped
+        self.positional = spec.positional
         self.offset = S - rows // group  # position p may see key j iff j <= p + offset
         self.lead = lead  # leading dims (ints or scalar tensors)
 
@@ -49,29 +61,41 @@ class _Blocks:
 
     def key_range(self, i):
         """`(lo, hi)`: the key blocks that query block `i` may see."""
-        if not self.is_causal and self.sliding_window is None:
+        if not self.positional:
             return 0, self.nk
         first = self._position(i * self.bq) + self.offset  # key at the first row's position
         last = self._position((i + 1) * self.bq - 1) + self.offset
+        lo, hi = 0, self.nk
         if self.is_causal:
             hi = last // self.bk + 1
-        else:
+        elif self.sliding_window is not None:
             hi = (last + self.sliding_window - 1) // self.bk + 1
-        lo = 0 if self.sliding_window is None else (first - self.sliding_window + 1) // self.bk
+        if self.sliding_window is not None:
+            lo = (first - self.sliding_window + 1) // self.bk
+        if self.chunk is not None:  # keys from the first row's chunk to the last row's
+            lo = _bound(max, ops.maximum, lo, (first // self.chunk) * self.chunk // self.bk)
+            hi = _bound(min, ops.minimum, hi,
+                        ((last // self.chunk + 1) * self.chunk - 1) // self.bk + 1)
         return _clip(lo, self.nk), _clip(hi, self.nk)
 
     def query_range(self, j):
         """`(lo, hi)`: the query blocks that may see key block `j`."""
-        if not self.is_causal and self.sliding_window is None:
+        if not self.positional:
             return 0, self.nq
-        reach = 0 if self.is_causal else self.sliding_window - 1  # how far ahead a query sees
-        first_position = j * self.bk - self.offset - reach  # first query to see the block
-        lo = (self.group * first_position) // self.bq
-        hi = self.nq
+        lo, hi = 0, self.nq
+        if self.is_causal or self.sliding_window is not None:
+            reach = 0 if self.is_causal else self.sliding_window - 1  # how far ahead a query sees
+            first_position = j * self.bk - self.offset - reach  # first query to see the block
+            lo = (self.group * first_position) // self.bq
         if self.sliding_window is not None:
             # the last query whose window still reaches the block's last key
             last_position = (j + 1) * self.bk - 1 - self.offset + self.sliding_window - 1
             hi = (self.group * (last_position + 1) - 1) // self.bq + 1
+        if self.chunk is not None:  # queries from the first key's chunk to the last key's
+            first_query = (j * self.bk // self.chunk) * self.chunk - self.offset
+            last_query = (((j + 1) * self.bk - 1) // self.chunk + 1) * self.chunk - 1 - self.offset
+            lo = _bound(max, ops.maximum, lo, (self.group * first_query) // self.bq)
+            hi = _bound(min, ops.minimum, hi, (self.group * (last_query + 1) - 1) // self.bq + 1)
         return _clip(lo, self.nq), _clip(hi, self.nq)
 
     def rows(self, x, i):
@@ -97,7 +121,7 @@ class _Blocks:
     def allowed(self, mask, i, j):
         """Bool `(..., bq|1, bk|1)` of the keys query block `i` may see in key block `j`."""
         allowed = None
-        positional = self.is_causal or self.sliding_window is not None
+        positional = self.positional
         if positional or self.Sp != self.S:
             cols = j * self.bk + ops.arange(self.bk, dtype="int32")[None, :]  # (1, bk)
             positions = None
@@ -105,7 +129,8 @@ class _Blocks:
                 rows = i * self.bq + ops.arange(self.bq, dtype="int32")[:, None]  # (bq, 1)
                 positions = self._position(rows) + self.offset  # absolute query positions
             allowed = may_attend(positions, cols, self.is_causal, self.sliding_window,
-                                 key_end=self.S if self.Sp != self.S else None)  # padded keys
+                                 key_end=self.S if self.Sp != self.S else None,  # padded keys
+                                 attention_chunk_size=self.chunk)
         if mask is not None:
             allowed = and_masks(allowed, ops.greater(self.tile(mask, i, j), 0))
         return allowed

@@ -54,7 +54,8 @@ def explicit_attention(query, key, value, mask, bias, spec, *, sinks=None,
                        return_attention_scores=False):
     """Materialised logits and weights `(..., T, S)`; softmax in float32 at least.
 
-    `spec`: the `keras_attn.options.KernelSpec` (causal, scale, window, soft-cap, dropout);
+    `spec`: the `keras_attn.options.KernelSpec` (causal, scale, window, chunks, soft-cap,
+    dropout);
     `sinks`: `(H,)` sink logits (with `spec.sinks`), or None.
     """
     is_causal, scale, sliding_window = spec.is_causal, spec.scale, spec.sliding_window
@@ -83,7 +84,8 @@ def explicit_attention(query, key, value, mask, bias, spec, *, sinks=None,
     if bias is not None:
         logits = logits + ops.cast(bias, compute)
     allowed = combine_masks(
-        mask, positional_mask(ops.shape(query)[-2], ops.shape(key)[-2], is_causal, sliding_window))
+        mask, positional_mask(ops.shape(query)[-2], ops.shape(key)[-2], is_causal, sliding_window,
+                              attention_chunk_size=spec.attention_chunk_size))
     if sinks is not None:
         sinks = ops.reshape(ops.cast(sinks, compute), (-1, 1, 1))  # (H, 1, 1)
     weights = ops.cast(_masked_softmax(logits, allowed, sinks), value.dtype)  # (..., T, S)

@@ -51,7 +51,7 @@ def _kernel_keeps_half_precision(x):
 
 
 def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=False,
-                         scale=None, sliding_window=None, sinks=None):
+                         scale=None, sliding_window=None, sinks=None, attention_chunk_size=None):
     """`keras.ops.dot_product_attention` with keras_attn's mask semantics.
 
     Layout `(B, T, H, d)` (heads after time, as `keras.ops.dot_product_attention`
@@ -63,7 +63,8 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
     fully masked row, which gives NaN on PyTorch and a uniform row on JAX and
     TensorFlow) and zeroed after it, which keeps values and gradients finite.
     Keys that no query may attend are zeroed (`zero_unattended_keys`). A
-    `sliding_window` is folded into the mask. Key/value heads fewer than the
+    `sliding_window` and chunks (`attention_chunk_size`) are folded into the mask.
+    Key/value heads fewer than the
     query's (grouped heads) are repeated to match.
     Half precision runs the kernel in float32 unless it is a GPU kernel that
     accumulates in float32 (`_kernel_keeps_half_precision`).
@@ -87,18 +88,19 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
         query, key = (ops.pad(x, pad + [[0, width - d_k]]) for x in (query, key))
         value = ops.pad(value, pad + [[0, width - d_v]])
         output = fused_attention_bthd(query, key, value, mask, bias, is_causal=is_causal,
-                                      scale=scale, sliding_window=sliding_window, sinks=sinks)
+                                      scale=scale, sliding_window=sliding_window, sinks=sinks,
+                                      attention_chunk_size=attention_chunk_size)
         return ops.cast(output[..., :d_v], out_dtype)
     heads, kv_heads = static_shape(query)[2], static_shape(key)[2]
     group = heads // kv_heads if None not in (heads, kv_heads) else 1
     T, S = static_shape(query)[1], static_shape(key)[1]
-    use_flag = (bool(is_causal) and sliding_window is None and mask is None and bias is None
-                and sinks is None and T is not None and T == S)
+    use_flag = (bool(is_causal) and sliding_window is None and attention_chunk_size is None
+                and mask is None and bias is None and sinks is None and T is not None and T == S)
     allowed = None if mask is None else to_rank(ops.cast(mask, "bool"), 4)
     if not use_flag:
         allowed = combine_masks(
             allowed, positional_mask(ops.shape(query)[1], ops.shape(key)[1], is_causal,
-                                     sliding_window))
+                                     sliding_window, attention_chunk_size=attention_chunk_size))
     if bias is not None:
         bias = to_rank(ops.cast(bias, query.dtype), 4)
         allowed = combine_masks(allowed, ops.greater(bias, float("-inf")))
@@ -181,7 +183,8 @@ def fused_attention(query, key, value, mask, bias, spec, *, lead, sinks=None):
         raise ValueError("Attention sinks need (B, H, T, d) queries (one sink per head). "
                          f"Received: query.shape={static_shape(query)}")
     out = fused_attention_bthd(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                               sliding_window=sliding_window, sinks=sinks)
+                               sliding_window=sliding_window, sinks=sinks,
+                               attention_chunk_size=spec.attention_chunk_size)
     out = ops.swapaxes(out, 1, 2)  # (B, H, T, d_v)
     if n > 2:
         return ops.reshape(out, tuple(lead) + (T, d_v))

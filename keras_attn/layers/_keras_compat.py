@@ -9,6 +9,7 @@ length, H heads, H_kv key/value heads, d_k / d_v head widths.
 import keras
 from keras import ops
 
+from keras_attn._masks import positional_mask
 from keras_attn._policy import check_implementation
 from keras_attn._shapes import static_shape
 from keras_attn._validation import (
@@ -18,7 +19,7 @@ from keras_attn._validation import (
     check_positive_int,
     check_rank,
 )
-from keras_attn.attention import causal_mask, combine_masks, sliding_window_mask
+from keras_attn.attention import combine_masks
 from keras_attn.cache import cache_length, cache_spec
 
 __all__ = [
@@ -127,13 +128,13 @@ def check_flash_attention(flash_attention, dropout=0.0, return_attention_scores=
 
 
 def call_keras_hook(layer, query, key, value, mask, training, return_attention_scores,
-                    is_causal, window):
+                    is_causal, window, *, attention_chunk_size=None):
     """A subclass's own `_compute_attention`, called with Keras's layout and signature.
 
     Keras passes H heads for keys and values: grouped ones are repeated.
     The hook gets every rule in its mask `(B, H|1, T, S)`: `mask` (with the
-    cache's slots, if any), and the causal rule and `window` (bottom-right
-    aligned), so its `use_causal_mask` is False.
+    cache's slots, if any), and the causal rule, `window` and the chunks of
+    `attention_chunk_size` (bottom-right aligned), so its `use_causal_mask` is False.
 
     Returns:
         `(output (B, T, H, d_v), scores or None, False)`: False for "not heads-first",
@@ -143,10 +144,10 @@ def call_keras_hook(layer, query, key, value, mask, training, return_attention_s
     if group > 1:
         key = ops.repeat(key, group, axis=2)  # (B, S, H, d_k)
         value = ops.repeat(value, group, axis=2)  # (B, S, H, d_v)
-    if is_causal or window is not None:
+    if is_causal or window is not None or attention_chunk_size is not None:
         T, S = static_shape(query)[1], static_shape(key)[1]
-        positional = (causal_mask(T, S) if window is None
-                      else sliding_window_mask(T, S, window, is_causal))  # (T, S)
+        positional = positional_mask(T, S, is_causal, window,
+                                     attention_chunk_size=attention_chunk_size)  # (T, S)
         mask = combine_masks(mask, positional)
     output, scores = layer._compute_attention(
         query, key, value, attention_mask=mask, training=training,

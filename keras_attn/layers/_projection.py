@@ -14,9 +14,9 @@ from keras_attn.cache import positions
 from keras_attn.layers._common import clone_initializer
 from keras_attn.rotary import apply_rope
 
-__all__ = ["dense", "dense_config", "einsum_sums_in_float32", "gate", "project_heads",
-           "project_output", "qk_norm_layer", "query_positions", "query_scale", "rope",
-           "rope_heads", "set_dense_arguments", "value_norm"]
+__all__ = ["dense", "dense_config", "einsum_sums_in_float32", "full_width_norm", "gate",
+           "head_norm", "project_heads", "project_output", "qk_norm_layer", "query_positions",
+           "query_scale", "rope", "rope_heads", "set_dense_arguments", "value_norm"]
 
 _DENSE_ARGUMENTS = {f"{part}_{kind}": module
                     for kind, module in (("initializer", keras.initializers),
@@ -64,11 +64,25 @@ def dense(layer, units, name, use_bias=None, activation=None):
 
 
 def qk_norm_layer(kind, epsilon, head_dim, dtype, name):
-    """`query_norm` / `key_norm`: one scale over d, shared by the heads."""
+    """`query_norm` / `key_norm`: one scale over `head_dim` features, d (shared by the
+    heads) or, with `qk_norm_full_width`, H * d or H_kv * d (OLMo 2)."""
     cls = keras.layers.RMSNormalization if kind == "rms" else keras.layers.LayerNormalization
     layer = cls(epsilon=epsilon, dtype=dtype, name=name)
     layer.build((None, None, None, head_dim))
     return layer
+
+
+def head_norm(norm, x):
+    """`norm` over each head's d features of `(B, L, heads, d)`."""
+    return norm(x)
+
+
+def full_width_norm(norm, x):
+    """`norm` over all `heads * d` features of `(B, L, heads, d)` at once (OLMo 2's
+    `q_norm = RMSNorm(H * d)` on the projection, before it is split into heads)."""
+    B, L = ops.shape(x)[0], ops.shape(x)[1]
+    heads, d = x.shape[2], x.shape[3]
+    return ops.reshape(norm(ops.reshape(x, (B, L, heads * d))), (B, L, heads, d))
 
 
 def value_norm(v, epsilon):

@@ -101,7 +101,9 @@ class MultiHeadAttention(keras.layers.Layer):
             key/value head `n // (H / H_kv)`, as Keras's
             `GroupQueryAttention`; RoPE on queries and keys after qk-norm,
             at absolute bottom-right-aligned positions; qk-norm sublayers
-            `query_norm`, `key_norm`). Stored as `self.options`.
+            `query_norm`, `key_norm`, over d, or over H * d and H_kv * d with
+            `qk_norm_full_width`, OLMo 2's; `attention_chunk_size`: Llama 4's
+            chunked attention). Stored as `self.options`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Subclasses: `_compute_attention(query, key, value, attention_mask=None,
@@ -233,9 +235,13 @@ class MultiHeadAttention(keras.layers.Layer):
             setattr(self, name, projection.dense(self, units, name))
             getattr(self, name).build(shape)
         if self.qk_norm is not None:
-            for name in ("query_norm",) + (() if self.is_kv_shared_layer else ("key_norm",)):
+            # One norm over each head's d, or (OLMo 2) over all H * d / H_kv * d features;
+            # a KV-shared layer has no key norm (its keys are another layer's).
+            widths = (H * d_k, H_kv * d_k) if self.qk_norm_full_width else (d_k, d_k)
+            names = ("query_norm",) + (() if self.is_kv_shared_layer else ("key_norm",))
+            for name, width in zip(names, widths[:len(names)], strict=True):
                 setattr(self, name, projection.qk_norm_layer(
-                    self.qk_norm, self.qk_norm_epsilon, d_k, self.dtype_policy, name))
+                    self.qk_norm, self.qk_norm_epsilon, width, self.dtype_policy, name))
         if self.use_gate:
             self.gate_dense = projection.dense(self, H * d_v, "gate_dense", activation="sigmoid")
             self.gate_dense.build(query_shape)
@@ -267,11 +273,13 @@ class MultiHeadAttention(keras.layers.Layer):
         (B, T), H, d_v = static_shape(query)[:2], self.num_heads, self.head_value_dim
         q, k, v = self._project(query, key, value, cache is not None, read_only)
         is_causal, window, step = use_causal_mask, self.sliding_window, None
+        chunk = self.attention_chunk_size
         if cache is not None:  # the one cache call: checks, RoPE'd keys written, slots read
             step = cache_in.update(
                 k, v, cache_update_index, query_length=T, batch_size=B,
                 num_key_value_heads=self.num_key_value_heads, key_dim=self.key_dim,
                 value_dim=d_v, is_causal=use_causal_mask, window=window, dtype=q.dtype,
+                attention_chunk_size=chunk,
                 rope=self._rope_keys if self.rope_max_wavelength is not None else None,
                 masks=given)  # the masks as given: before `resolve_inputs`
             if self.rope_max_wavelength is not None:
@@ -279,7 +287,7 @@ class MultiHeadAttention(keras.layers.Layer):
             if self.query_scale_beta is not None:  # at the cache's positions, as RoPE
                 q = projection.query_scale(q, step.query_positions, self.options)
             k, v = step.keys, step.values  # (B, S_max, H_kv, d_k | d_v)
-            is_causal, window = False, None  # in `step.mask` (the index may be traced)
+            is_causal, window, chunk = False, None, None  # in `step.mask` (the index may be traced)
         key_padding = combine_masks(as_bool_mask("key_mask", key_mask),
                                     as_bool_mask("value_mask", value_mask))
         S_all = static_shape(key)[1] if cache is None else cache_in.max_length  # keys attended
@@ -288,10 +296,11 @@ class MultiHeadAttention(keras.layers.Layer):
             mask_4d = combine_masks(mask_4d, step.mask)
         if type(self)._compute_attention is not MultiHeadAttention._compute_attention:
             attended, scores, heads_first = compat.call_keras_hook(
-                self, q, k, v, mask_4d, training, return_attention_scores, is_causal, window)
+                self, q, k, v, mask_4d, training, return_attention_scores, is_causal, window,
+                attention_chunk_size=chunk)
         else:
             attended, scores, heads_first = self._attend(
-                q, k, v, mask_4d, is_causal, window, training, return_attention_scores,
+                q, k, v, mask_4d, is_causal, cache is not None, training, return_attention_scores,
                 cache is not None)
         if self.use_gate:
             attended = projection.gate(self.gate_dense, query, attended, H, d_v, heads_first)
@@ -318,15 +327,16 @@ class MultiHeadAttention(keras.layers.Layer):
         if attention_mask is not None and len(static_shape(attention_mask)) == 3:
             attention_mask = ops.expand_dims(attention_mask, 1)  # (B, 1, T, S)
         attended, scores, heads_first = self._attend(
-            query, key, value, attention_mask, use_causal_mask, None, training,
+            query, key, value, attention_mask, use_causal_mask, True, training,
             return_attention_scores, False)
         return (ops.swapaxes(attended, 1, 2) if heads_first else attended), scores
 
-    def _attend(self, q, k, v, mask, is_causal, window, training, return_scores, cached):
-        """`keras_attn.attention.attend_heads` with this layer's settings (`window` None:
-        the window is in `mask` already)."""
+    def _attend(self, q, k, v, mask, is_causal, in_mask, training, return_scores, cached):
+        """`keras_attn.attention.attend_heads` with this layer's settings (`in_mask`: the
+        window and the chunks are in `mask` already, or not for this call: a cache's
+        mask, Keras's `_compute_attention`)."""
         return attend_heads(
-            q, k, v, self.options, mask=mask, is_causal=is_causal, window_in_mask=window is None,
+            q, k, v, self.options, mask=mask, is_causal=is_causal, window_in_mask=in_mask,
             implementation=self.implementation, dropout_rate=self.dropout,
             seed=self.seed_generator, training=training, return_attention_scores=return_scores,
             cached=cached, sinks=ops.convert_to_tensor(self.sinks) if self.use_sinks else None)
@@ -350,8 +360,9 @@ class MultiHeadAttention(keras.layers.Layer):
             if self.use_value_norm:  # before the cache: the cached values are normalised
                 v = projection.value_norm(v, self.qk_norm_epsilon)
         if self.qk_norm is not None:
-            q = self.query_norm(q)
-            k = None if k is None else self.key_norm(k)
+            norm = projection.full_width_norm if self.qk_norm_full_width else projection.head_norm
+            q = norm(self.query_norm, q)
+            k = None if k is None else norm(self.key_norm, k)
         if self.rope_max_wavelength is not None and not cached:
             q, k = projection.rope_heads(q, k, ops.shape(query)[1], ops.shape(key)[1], None,
                                          None, self.options)  # never shared: a cache

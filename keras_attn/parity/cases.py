@@ -242,6 +242,26 @@ CASES = (
          {"inputs": (B, T, D), "memory": (B, S, 6)},
          masks={"memory_padding_mask": lambda g: _padding([S, 2], S)},
          call={"cached_prefill": 3}),
+    # Chunked attention (Llama 4's attention_chunk_size): position p attends j only if
+    # floor(j / C) == floor(p / C).
+    Case("sdpa_gqa_chunked_window", "sdpa",
+         "functional core: chunked attention C=3 (Llama 4), GQA 4/2 heads, causal window W=2, "
+         "T=6, S=7 (queries at positions 1..6: chunks 0..2 and 3..5, then 6)",
+         {"is_causal": True, "sliding_window": 2, "attention_chunk_size": 3},
+         {"query": (B, 4, 6, 3), "key": (B, 2, 7, 3), "value": (B, 2, 7, 4)}),
+    Case("mha_cached_gqa_rope_chunked", "mha",
+         "MultiHeadAttention with a cache: chunked attention C=3, GQA 4/2 heads + RoPE "
+         "interleaved (Llama 4), prefill 2 tokens, then 2 one-token steps (the last one "
+         "opens a new chunk)",
+         {"num_heads": 4, "key_dim": 2, "num_key_value_heads": 2, "rope_max_wavelength": 100.0,
+          "rope_interleaved": True, "attention_chunk_size": 3},
+         {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 2}),
+    Case("mha_gqa_rope_qk_norm_full_width", "mha",
+         "MultiHeadAttention: OLMo 2's q/k RMSNorm over the whole projection (H * d = 8 "
+         "query, H_kv * d = 4 key features), GQA 4/2 heads, RoPE, causal",
+         {"num_heads": 4, "key_dim": 2, "num_key_value_heads": 2, "rope_max_wavelength": 100.0,
+          "qk_norm": "rms", "qk_norm_full_width": True},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
     # Gemma 4's full-attention layer: K = V, the unweighted value norm, proportional RoPE.
     Case("mha_gqa_proportional_k_eq_v", "mha",
          "MultiHeadAttention: Gemma 4's full layer: K = V (no value projection), values over "
@@ -294,7 +314,8 @@ def _dense(prefix, n_in, n_out, bias=True):
 
 
 def _mha(prefix, q_dim, k_dim, v_dim, heads, key_dim, value_dim=None, output_dim=None,
-         bias=True, kv_heads=None, qk_norm=None, output_bias=None, gate=False, sinks=False):
+         bias=True, kv_heads=None, qk_norm=None, output_bias=None, gate=False, sinks=False,
+         qk_norm_full_width=False):
     value_dim = value_dim or key_dim
     output_dim = output_dim or q_dim
     kv_heads = kv_heads or heads
@@ -309,8 +330,11 @@ def _mha(prefix, q_dim, k_dim, v_dim, heads, key_dim, value_dim=None, output_dim
             has_bias = bias if part != "output" or output_bias is None else output_bias
             shapes.update(_dense(p + part, *sizes[part], has_bias))
     if qk_norm is not None:
+        # Over d, or over the whole projection: H * d queries, H_kv * d keys (OLMo 2).
+        widths = ({"query_norm": heads * key_dim, "key_norm": kv_heads * key_dim}
+                  if qk_norm_full_width else {})
         for part in LAYOUT["MultiHeadAttention"]["norms"]:
-            shapes.update(_norm(p + part, key_dim, qk_norm))
+            shapes.update(_norm(p + part, widths.get(part, key_dim), qk_norm))
     if sinks:  # `use_sinks`: a logit per query head
         shapes[p + "sinks"] = (heads,)
     return shapes
@@ -347,7 +371,7 @@ def weight_shapes(case):
         shapes = _mha("", q, k, v, c["num_heads"], c["key_dim"], c.get("value_dim"),
                       c.get("output_dim"), bias, c.get("num_key_value_heads"), c.get("qk_norm"),
                       c.get("output_use_bias"), c.get("use_gate", False),
-                      c.get("use_sinks", False))
+                      c.get("use_sinks", False), c.get("qk_norm_full_width", False))
         if c.get("attention_k_eq_v"):  # the keys' projection is the values' too
             shapes = {name: shape for name, shape in shapes.items()
                       if not name.startswith("value/")}
@@ -365,7 +389,8 @@ def weight_shapes(case):
     shapes = {**_mha("self_attention", d, d, d, c["num_heads"], head, output_dim=d,
                      bias=attention_bias, kv_heads=c.get("num_key_value_heads"),
                      qk_norm=c.get("qk_norm"), output_bias=output_bias,
-                     sinks=c.get("use_sinks", False)),
+                     sinks=c.get("use_sinks", False),
+                     qk_norm_full_width=c.get("qk_norm_full_width", False)),
               **_norm("self_attention_norm", d, norm)}
     post = c.get("use_post_attention_norm", False)
     if post:

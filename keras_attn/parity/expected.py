@@ -32,7 +32,8 @@ def reference_forward(case, inputs, masks, weights):
             inputs["query"], inputs["key"], inputs["value"], mask=masks.get("mask"),
             bias=inputs.get("bias"), is_causal=c.get("is_causal", False),
             scale=c.get("scale"), sliding_window=c.get("sliding_window"),
-            logit_soft_cap=c.get("logit_soft_cap"))[0]
+            logit_soft_cap=c.get("logit_soft_cap"),
+            attention_chunk_size=c.get("attention_chunk_size"))[0]
     if case.kind == "mha":
         return reference.multi_head_attention(
             params, inputs["query"], inputs.get("key"), inputs.get("value"),

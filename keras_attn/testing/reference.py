@@ -23,6 +23,7 @@ from keras_attn.testing.rope_reference import rope_inverse_frequencies, rotary_e
 __all__ = [
     "activation",
     "causal_mask",
+    "chunked_mask",
     "decoder_layer",
     "dense",
     "encoder_layer",
@@ -93,9 +94,21 @@ def sliding_window_mask(query_length, key_length, window, is_causal=True):
     return np.abs(p - j) < window
 
 
+def chunked_mask(query_length, key_length, chunk_size):
+    """(T, S) bool: the keys in the query's chunk (Llama 4's `attention_chunk_size` C).
+
+    Query i sits at absolute position p = i + (S - T); key j is in its chunk iff
+    floor(j / C) == floor(p / C) (Python's floor division: a negative p, a query
+    before the keys, shares no chunk with any key).
+    """
+    p = np.arange(query_length)[:, None] + (key_length - query_length)
+    j = np.arange(key_length)[None, :]
+    return (p // chunk_size) == (j // chunk_size)
+
+
 def scaled_dot_product_attention(
     q, k, v, mask=None, bias=None, is_causal=False, scale=None, sliding_window=None,
-    logit_soft_cap=None, sinks=None,
+    logit_soft_cap=None, sinks=None, attention_chunk_size=None,
 ):
     """softmax(cap(q k^T * scale) + bias) v over the allowed keys.
 
@@ -107,6 +120,7 @@ def scaled_dot_product_attention(
     allowed key has all-zero weights and a zero output row. `sinks` `(H,)`:
     head h's logit joins each of its rows' denominators, attending nothing:
     weight_j = exp(s_j) / (exp(sink_h) + sum over allowed k of exp(s_k)).
+    `attention_chunk_size` C: only the keys of the query's chunk (`chunked_mask`).
     """
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     if k.ndim >= 3 and q.ndim == k.ndim and k.shape[-3] != q.shape[-3] and k.shape[-3] != 1:
@@ -127,6 +141,8 @@ def scaled_dot_product_attention(
         allowed = allowed & causal_mask(T, S)
     if sliding_window is not None:
         allowed = allowed & sliding_window_mask(T, S, sliding_window, is_causal)
+    if attention_chunk_size is not None:
+        allowed = allowed & chunked_mask(T, S, attention_chunk_size)
     allowed = allowed & np.isfinite(logits)  # a -inf bias also forbids a key
     weights = np.zeros(logits.shape)
     for index in np.ndindex(logits.shape[:-1]):
@@ -170,7 +186,8 @@ def _split_heads(x, num_heads):
 
 
 def _head_norm(x, params, kind, epsilon):
-    """Normalise each head's vectors `(B, H, L, d)` over d (qk-norm)."""
+    """Normalise over the last axis (qk-norm): each head's d of `(B, H, L, d)`, or the
+    whole width of a projection `(B, L, H * d)` (`qk_norm_full_width`)."""
     if kind == "rms":
         return rms_norm(x, params, epsilon)
     return layer_norm(x, params, epsilon)
@@ -181,8 +198,8 @@ def multi_head_attention(
     is_causal=False, num_key_value_heads=None, rope_max_wavelength=None,
     rope_scaling_factor=1.0, rope_interleaved=False, sliding_window=None,
     logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None, rope_type="default",
-    use_sinks=False, query_scale_beta=None, query_scale_length=None, attention_k_eq_v=False,
-    use_value_norm=False, **rope_parameters,
+    use_sinks=False, query_scale_beta=None, query_scale_length=None, attention_chunk_size=None,
+    qk_norm_full_width=False, attention_k_eq_v=False, use_value_norm=False, **rope_parameters,
 ):
     """Multi-head attention, paper Section 3.2.2, with today's options.
 
@@ -199,7 +216,10 @@ def multi_head_attention(
     With `query_scale_beta` b and `query_scale_length` n, the queries at
     position p are then multiplied by `1 + b ln(1 + floor(p / n))`
     (Llama 4 / Ministral 3 attention scaling, transformers'
-    `get_llama_4_attn_scale`), before the logits.
+    `get_llama_4_attn_scale`), before the logits. `attention_chunk_size` C:
+    chunked attention (`chunked_mask`, Llama 4). `qk_norm_full_width`: the qk-norm
+    normalises all H * d query and H_kv * d key features of the projections, before
+    they are split into heads (OLMo 2), instead of each head's d.
     `attention_k_eq_v` (Gemma 4's full layers): no `value` params, the values are
     the key projection of `key` before qk-norm and RoPE. `use_value_norm`: each
     head's values divided by `sqrt(mean_d(v^2) + qk_norm_epsilon)` (no scale).
@@ -213,15 +233,20 @@ def multi_head_attention(
     key = query if key is None else key
     value = key if value is None else value
     kv_heads = num_key_value_heads or num_heads
-    q = _split_heads(dense(query, params["query"]), num_heads)  # (B, H, T, d_k)
-    k = _split_heads(dense(key, params["key"]), kv_heads)  # (B, H_kv, S, d_k)
+    q, k = dense(query, params["query"]), dense(key, params["key"])  # (B, L, heads * d_k)
+    k_projected = _split_heads(k, kv_heads)  # (B, H_kv, S, d_k), before any norm
+    if qk_norm is not None and qk_norm_full_width:
+        q = _head_norm(q, params["query_norm"], qk_norm, qk_norm_epsilon)
+        k = _head_norm(k, params["key_norm"], qk_norm, qk_norm_epsilon)
+    q = _split_heads(q, num_heads)  # (B, H, T, d_k)
+    k = _split_heads(k, kv_heads)  # (B, H_kv, S, d_k)
     if attention_k_eq_v:
-        v = k  # the key projection's heads, before the key norm and RoPE
+        v = k_projected  # the key projection's heads, before the key norm and RoPE
     else:
         v = _split_heads(dense(value, params["value"]), kv_heads)  # (B, H_kv, S, d_v)
     if use_value_norm:
         v = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + qk_norm_epsilon)
-    if qk_norm is not None:
+    if qk_norm is not None and not qk_norm_full_width:
         q = _head_norm(q, params["query_norm"], qk_norm, qk_norm_epsilon)
         k = _head_norm(k, params["key_norm"], qk_norm, qk_norm_epsilon)
     if rope_max_wavelength is not None:
@@ -242,6 +267,7 @@ def multi_head_attention(
     out, weights = scaled_dot_product_attention(
         q, k, v, mask=mask, is_causal=is_causal, scale=scale, sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap, sinks=params["sinks"] if use_sinks else None,
+        attention_chunk_size=attention_chunk_size,
     )
     B, H, T, d_v = out.shape
     out = out.transpose(0, 2, 1, 3).reshape(B, T, H * d_v)  # (B, T, H * d_v)
