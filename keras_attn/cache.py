@@ -267,7 +267,10 @@ class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
 
         Args:
             keys: the new keys `(B, S_new, H_kv, d_k)` after qk-norm, before RoPE;
-                None with `values` for a read-only call.
+                None with `values` for a read-only call: with `cache_update_index`
+                None, over every slot; with an index, the cache as another layer
+                left it at that step (a KV-shared layer, `is_kv_shared_layer`: its
+                T queries at the index's positions, nothing written).
             values: the new values `(B, S_new, H_kv, d_v)`, or None.
             cache_update_index: where they are written, an int or a scalar int
                 tensor in `[0, S_max - S_new]` (a `ValueError` when its value is
@@ -290,7 +293,8 @@ class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
         S_max = self.check(batch_size, num_key_value_heads, key_dim, value_dim)
         check_cache_masks(S_max, **(masks or {}))
         read_only = cache_update_index is None
-        new_length = None if read_only else static_shape(keys)[1]
+        shared = keys is None and not read_only  # another layer's keys, read at the index
+        new_length = None if read_only else (query_length if shared else static_shape(keys)[1])
         if new_length is not None and new_length > S_max:
             raise ValueError(
                 f"The {new_length} new keys (`key`/`value` length, the query's for "
@@ -301,14 +305,16 @@ class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
             new = self
         else:
             index = check_cache_update_index(cache_update_index, new_length, S_max)
-            length = ops.shape(keys)[1]
+            length = query_length if shared else ops.shape(keys)[1]
             query_positions, key_positions = positions(query_length, length, index)
-            if rope is not None:
+            if rope is not None and not shared:
                 keys = rope(keys, key_positions)
         mask, in_range = fold_positions(None, query_length, S_max, None if read_only else index,
                                         None if read_only else length, is_causal=is_causal,
                                         window=window, attention_chunk_size=attention_chunk_size)
-        if not read_only:
+        if shared:
+            new = self
+        elif not read_only:
             new = self.write(keys, values, index, in_range)
         keys, values = new.read(dtype or new.dtype)
         return CacheUpdate(keys, values, mask, query_positions, new.carried(), in_range)

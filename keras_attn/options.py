@@ -107,6 +107,22 @@ class AttentionOptions:
             `CausalLM.generate` switch). Tuples (JSON lists in configs).
             `rope_scaling_factor` is transformers' `factor` there and sets only the
             default `rope_attention_factor`.
+        attention_k_eq_v: the key projection's output is the values too
+            (transformers' `attention_k_eq_v`, Gemma 4's full-attention
+            layers): `MultiHeadAttention` has no `value_dense`, and the
+            values are the projected keys before `qk_norm` and RoPE (d_v =
+            d_k: `value_dim` must be None or `key_dim`).
+        use_value_norm: normalise each head's values over d by their root
+            mean square, without a scale (`v / sqrt(mean(v^2) +
+            qk_norm_epsilon)`: Gemma 4's `v_norm`, an RMSNorm `with_scale=False`),
+            before they are cached and attended.
+        is_kv_shared_layer: the layer reuses the keys and values of another
+            (earlier) layer (transformers' `is_kv_shared_layer`, Gemma 4's
+            last `num_kv_shared_layers`): `MultiHeadAttention` has no
+            `key_dense`, `value_dense` or `key_norm`, and is called with that
+            layer's `KVCache` as `cache` (and the step's `cache_update_index`),
+            which it reads and does not write. `CausalLM(kv_sharing=...)`
+            passes it.
 
     Example:
 
@@ -146,6 +162,9 @@ class AttentionOptions:
     qk_norm_full_width: bool = False
     rope_short_factor: tuple | None = None
     rope_long_factor: tuple | None = None
+    attention_k_eq_v: bool = False
+    use_value_norm: bool = False
+    is_kv_shared_layer: bool = False
 
     def __post_init__(self):
         checked = {
@@ -158,6 +177,9 @@ class AttentionOptions:
             "qk_norm_epsilon": check_positive_float("qk_norm_epsilon", self.qk_norm_epsilon),
             "scale": check_positive_float("scale", self.scale, allow_none=True),
             "use_sinks": bool(self.use_sinks),
+            "attention_k_eq_v": bool(self.attention_k_eq_v),
+            "use_value_norm": bool(self.use_value_norm),
+            "is_kv_shared_layer": bool(self.is_kv_shared_layer),
             "query_scale_beta": check_positive_float(
                 "query_scale_beta", self.query_scale_beta, allow_none=True),
             "query_scale_length": check_positive_int(

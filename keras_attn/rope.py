@@ -45,12 +45,16 @@ class RopeType:
             instead of `frequencies` by a call whose positions reach past
             `original_max_position_embeddings` (`max(positions) + 1 > original`:
             transformers' `longrope_frequency_update`), the same for all its positions.
+        whole_head: the type reads `partial_rotary_factor` in its frequencies and
+            rotates the whole head (transformers' "proportional": the frequencies past
+            the rotated share are 0), instead of rotating a leading slice.
     """
 
     frequencies: Callable
     parameters: Mapping = dataclasses.field(default_factory=dict)
     required: tuple = ()
     long_frequencies: Callable | None = None
+    whole_head: bool = False
 
 
 def _base_frequencies(spec, dim):
@@ -123,6 +127,16 @@ def _longrope_with(name):
         return (_base_frequencies(spec, dim) / np.asarray(factors, np.float64),
                 _longrope_attention_factor(spec))
     return frequencies
+def _proportional(spec, dim):
+    """transformers' "proportional" (Gemma 4's full-attention layers): the first
+    `int(partial_rotary_factor * dim // 2)` frequencies `base^(-2i / dim)` (over the whole
+    head's width, not the rotated share's), the other ones 0 (those pairs do not turn),
+    all divided by `factor`; pairs (i, i + dim/2) over the whole head."""
+    angles = int(spec.partial_rotary_factor * dim // 2)
+    inv = np.zeros(dim // 2, np.float64)
+    inv[:angles] = 1.0 / float(spec.max_wavelength) ** (
+        np.arange(0, 2 * angles, 2, dtype=np.float64) / dim)
+    return inv / spec.scaling_factor, 1.0
 
 
 _CONTEXT = {"original_max_position_embeddings": "original_max_position_embeddings"}
@@ -152,6 +166,8 @@ ROPE_TYPES = {
                          required=("short_factor", "long_factor",
                                    "original_max_position_embeddings"),
                          long_frequencies=_longrope_with("long_factor")),
+    "proportional": RopeType(_proportional, {"factor": "scaling_factor", **_PARTIAL},
+                             whole_head=True),
 }
 # Their frequencies depend on the sequence length itself (dynamic NTK).
 REFUSED_ROPE_TYPES = ("dynamic",)
@@ -252,7 +268,7 @@ class RopeSpec:
         interleaved: pair features (2i, 2i + 1) (the paper, GPT-J) instead of
             (i, i + d/2) (Llama, the default).
         rope_type: a key of `ROPE_TYPES`: `"default"`, `"linear"`, `"llama3"`,
-            `"yarn"` or `"longrope"` (`"dynamic"` is refused).
+            `"yarn"`, `"longrope"` or `"proportional"` (`"dynamic"` is refused).
         low_freq_factor, high_freq_factor: llama3's (Llama 3.1: 1 and 4).
         original_max_position_embeddings: llama3 and yarn (required there):
             the context length of pretraining.
@@ -284,7 +300,9 @@ class RopeSpec:
             (transformers' truncation; it must be even), paired within that
             slice as `interleaved` says, with the frequencies of a head that
             wide; the others pass unchanged (GLM-4, Phi-4-mini, Qwen 3.5,
-            GPT-NeoX). transformers' name.
+            GPT-NeoX). transformers' name. With `rope_type="proportional"`
+            (Gemma 4) the whole head rotates instead, its frequencies past
+            the share being 0.
 
     Example:
 
@@ -374,7 +392,10 @@ class RopeSpec:
 
     def rotary_dim(self, head_dim):
         """The rotated width of a head `head_dim` wide: `int(head_dim *
-        partial_rotary_factor)`, checked even (a `ValueError` naming both otherwise)."""
+        partial_rotary_factor)`, checked even (a `ValueError` naming both otherwise); the
+        whole head for a `whole_head` type ("proportional")."""
+        if ROPE_TYPES[self.rope_type].whole_head:
+            return head_dim
         dim = int(head_dim * self.partial_rotary_factor)
         if dim <= 0 or dim % 2:
             raise ValueError(

@@ -28,7 +28,8 @@ _COMMON = dict(vocab_size=V, hidden_size=D, intermediate_size=F, num_attention_h
 # beyond the tolerance (the tests can fail): kind "config" sets `changes` in the configs of
 # the blocks `changes["where"]` selects ("all", "sliding" or "no_rope": those without RoPE),
 # "norm_offset" takes 1 from every RMSNorm scale (forgetting Gemma's `1 + w`),
-# "qk_norm_ones" sets the qk-norm scales to 1 (ignoring q_norm / k_norm).
+# "qk_norm_ones" sets the qk-norm scales to 1 (ignoring q_norm / k_norm), "zero_weights"
+# zeroes the kernels of the layers named in `changes["names"]`.
 CASES = {
     "llama": ("LlamaConfig", dict(num_hidden_layers=2, tie_word_embeddings=False,
                                   rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
@@ -135,6 +136,37 @@ CASES = {
                          "long_factor": [1.0, 2.2, 3.9, 6.8, 11.0, 17.5, 27.0, 40.0]}),
         17, ("attention factor sqrt(1 + ln 4 / ln 16) -> 1", "config",
              {"where": "all", "rope_attention_factor": 1.0})),
+    # Issue 33: Gemma 4, 31B-style (no per-layer embeddings, no KV sharing): the full layers
+    # 32 wide with one key/value head (global_head_dim, num_global_key_value_heads), their
+    # keys also the values (attention_k_eq_v) and "proportional" RoPE over a quarter of the
+    # head; v_norm and the layer scalars everywhere.
+    "gemma4_text": ("Gemma4TextConfig", dict(
+        num_hidden_layers=4, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+        attention_k_eq_v=True, sliding_window=6, final_logit_softcapping=8.0,
+        hidden_size_per_layer_input=0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "proportional",
+                                            "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1e6}}),
+        20, ("values not normalised (v_norm ignored)", "config",
+             {"where": "all", "use_value_norm": False})),
+    # Gemma 4, E2B-style: per-layer input embeddings (P = 8) and the last two layers
+    # reusing the keys and values of the last earlier layer of their type (layer 3 those of
+    # layer 2, layer 4 those of layer 1), with double-wide MLPs there.
+    "gemma4_text_e2b": ("Gemma4TextConfig", dict(
+        num_hidden_layers=5, head_dim=16, global_head_dim=32, sliding_window=6,
+        final_logit_softcapping=8.0, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=V, num_kv_shared_layers=2, use_double_wide_mlp=True,
+        layer_types=["full_attention", "full_attention", "sliding_attention",
+                     "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "proportional",
+                                            "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1e6}}),
+        21, ("per-layer inputs dropped (per_layer_projection zeroed)", "zero_weights",
+             {"names": ("per_layer_projection",)})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -160,6 +192,10 @@ def config_kwargs(name, small=False):
         half = int(head_dim * params.get("partial_rotary_factor", 1.0)) // 2
         kwargs["rope_parameters"] = {**params, "short_factor": params["short_factor"][:half],
                                      "long_factor": params["long_factor"][:half]}
+        if kwargs.get("num_kv_shared_layers"):  # two layers: the second reuses the first's
+            kwargs["num_kv_shared_layers"] = 1
+        if kwargs.get("vocab_size_per_layer_input"):
+            kwargs["vocab_size_per_layer_input"] = SMALL["vocab_size"]
     return kwargs
 
 
@@ -188,6 +224,10 @@ def ablate(lm, name):
             layer.scale.assign(keras.ops.convert_to_numpy(layer.scale) - 1.0)
         elif kind == "qk_norm_ones" and layer.name in ("query_norm", "key_norm"):
             layer.scale.assign(np.ones(tuple(layer.scale.shape), "float32"))
+    if kind == "zero_weights":
+        for layer in new._flatten_layers(include_self=False, recursive=True):
+            if layer.name in changes["names"]:
+                layer.kernel.assign(np.zeros(tuple(layer.kernel.shape), "float32"))
     return new
 
 
@@ -220,6 +260,9 @@ def build_hf(name, small=False, **overrides):
             if parameter.ndim == 1 and "norm" in key and not name.startswith("gemma"):
                 value = value + 1.0  # Llama-style norms multiply by w: around 1, not 0
             parameter.copy_(value)
+        for key, buffer in model.named_buffers():
+            if key.endswith("layer_scalar"):  # Gemma 4's: a stored buffer, ones at first
+                buffer.copy_(1.0 + STD * torch.randn(buffer.shape, generator=generator))
     return model.float().eval()
 
 

@@ -189,9 +189,12 @@ def norm_plan(norm, gamma, beta, what):
 
 def mha_plan(layer, weights):
     """Assignments of `weights[part] = (kernel, bias)` (keras_attn layouts, bias maybe None)
-    onto the query, key, value and output projections of a keras_attn MultiHeadAttention."""
+    onto the query, key, value and output projections of a keras_attn MultiHeadAttention
+    (no "value" for a layer with `attention_k_eq_v`, which has no `value_dense`)."""
     plan = []
     for part in ("query", "key", "value", "output"):
+        if part not in weights:
+            continue
         kernel, bias = weights[part]
         plan += dense_plan(getattr(layer, part + "_dense"), kernel, bias, part)
     return plan

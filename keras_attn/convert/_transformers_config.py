@@ -55,6 +55,13 @@ class LayerSpec:
     """The keras_attn options of one decoder layer (`TransformerDecoderLayer` keywords)."""
 
     attention: dict[str, Any]  # AttentionOptions fields: RoPE, window, soft-cap, qk-norm, scale
+    # This layer's head width and key/value heads where they differ from the model's
+    # (Gemma 4's `per_layer_config`: `global_head_dim` on full-attention layers); None: the
+    # model's `head_dim` / `num_key_value_heads`.
+    head_dim: int | None = None
+    num_key_value_heads: int | None = None
+    intermediate_dim: int | None = None  # this layer's F (Gemma 4's double-wide MLP), or None
+    kv_source: int | None = None  # the layer whose keys and values this one reuses, or None
 
 
 @dataclasses.dataclass
@@ -91,6 +98,17 @@ class ModelSpec:
     # keras_attn does not build yet (issue 34): the block and model converters refuse it,
     # naming the field; the attention converter converts the attention alone (gpt-oss).
     mixture_of_experts: tuple | None = None
+    layer_scalar: bool = False  # each layer's output times its `layer_scalar` weight (Gemma 4)
+    per_layer_input_dim: int | None = None  # P of the per-layer input embeddings (Gemma 4)
+    per_layer_vocabulary_size: int | None = None  # their vocabulary (Gemma 4), None: V
+
+    def layer_head_dim(self, index):
+        """d of layer `index` (its own, or the model's `head_dim`)."""
+        return self.layers[index].head_dim or self.head_dim
+
+    def layer_kv_heads(self, index):
+        """H_kv of layer `index` (its own, or the model's `num_key_value_heads`)."""
+        return self.layers[index].num_key_value_heads or self.num_key_value_heads
 
 
 def table_of(fields):

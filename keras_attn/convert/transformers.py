@@ -25,7 +25,12 @@ Mapping (`W` a torch `Linear` weight `(out, in)`, a Keras kernel is `W.T`):
 it to `post_attention_norm`, `pre_feedforward_layernorm` to
 `feed_forward_norm` and `post_feedforward_layernorm` to
 `post_feed_forward_norm`. Gemma's RMSNorms multiply by `1 + w`: the stored
-`w` becomes the Keras scale `1 + w`.
+`w` becomes the Keras scale `1 + w`. Gemma 4's `layer_scalar` (a buffer) maps to the
+block's `layer_scalar`, its per-layer input weights (`per_layer_input_gate`,
+`per_layer_projection`, `post_per_layer_input_norm`; the model's
+`embed_tokens_per_layer`, `per_layer_model_projection`, `per_layer_projection_norm`) to
+the sublayers of the same names; a layer's head width, key/value heads and MLP width
+are its own where `ModelSpec.layers[i]` says so (checked against the weights as such).
 """
 
 from collections.abc import Mapping
@@ -62,21 +67,42 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
     `check(entries, name, shape, letters, fields)` reads each entry and checks its shape
     (`_cross_check`: against the config's `fields`; keras_attn.convert.huggingface, which
     has no config, passes its own)."""
-    H, H_kv, d, D = spec.num_heads, spec.num_key_value_heads, spec.head_dim, spec.hidden_dim
-    heads = f"num_attention_heads={H}, head_dim={d} (H * d = {H * d})"
-    kv_heads = f"num_key_value_heads={H_kv}, head_dim={d} (H_kv * d = {H_kv * d})"
+    # The layer's own d and H_kv (built from the spec: per layer where the config says so).
+    H, D = spec.num_heads, spec.hidden_dim
+    H_kv, d = getattr(layer, "num_key_value_heads", None), getattr(layer, "key_dim", None)
+    H_kv, d = H_kv or spec.num_key_value_heads, d or spec.head_dim
+    own = (H_kv, d) != (spec.num_key_value_heads, spec.head_dim)
+    where = (" (this layer's own, per_layer_config or global_head_dim / "
+             "num_global_key_value_heads)" if own else "")
+    heads = f"num_attention_heads={H}, head_dim={d}{where} (H * d = {H * d})"
+    kv_heads = f"num_key_value_heads={H_kv}, head_dim={d}{where} (H_kv * d = {H_kv * d})"
     width = f"hidden_size={D}"
+    k_eq_v = bool(getattr(layer, "attention_k_eq_v", False))
+    shared = bool(getattr(layer, "is_kv_shared_layer", False))  # no k/v: another layer's
     q = check(entries, sub + "q_proj.weight", (H * d, D), "(H * d, D)", f"{heads}, {width}")
-    k = check(entries, sub + "k_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
-              f"{kv_heads}, {width}")
-    v = check(entries, sub + "v_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
-              f"{kv_heads}, {width}")
+    k = v = None
+    if not shared:
+        k = check(entries, sub + "k_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
+                  f"{kv_heads}, {width}")
+    if k_eq_v and not shared:  # the keys' projection is the values' too: there is no v_proj
+        for name in (sub + "v_proj.weight", sub + "v_proj.bias"):
+            if entries.has(name):
+                raise ValueError(
+                    "The config and the weights disagree: attention_k_eq_v=True (the values "
+                    f"are the projected keys) on this layer, but state_dict has "
+                    f"{entries.key(name)}.")
+    elif not shared:
+        v = check(entries, sub + "v_proj.weight", (H_kv * d, D), "(H_kv * d, D)",
+                  f"{kv_heads}, {width}")
     o = check(entries, sub + "o_proj.weight", (D, H * d), "(D, H * d)", f"{width}, {heads}")
     bias = {}
-    for part, rows, letters, flag, what in (("q", H * d, "(H * d,)", spec.qkv_bias, heads),
-                                            ("k", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
-                                            ("v", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
-                                            ("o", D, "(D,)", spec.output_bias, width)):
+    parts = [("q", H * d, "(H * d,)", spec.qkv_bias, heads),
+             ("k", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
+             ("v", H_kv * d, "(H_kv * d,)", spec.qkv_bias, kv_heads),
+             ("o", D, "(D,)", spec.output_bias, width)]
+    for part, rows, letters, flag, what in parts:
+        if (part == "v" and k_eq_v) or (part in ("k", "v") and shared):
+            continue
         name = f"{sub}{part}_proj.bias"
         if flag:
             bias[part] = check(entries, name, (rows,), letters, what)
@@ -86,8 +112,11 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
             raise ValueError(
                 f"The config and the weights disagree: {why}, but state_dict has "
                 f"{entries.key(name)}.")
-    weights = {"query": (q.T, bias.get("q")), "key": (k.T, bias.get("k")),
-               "value": (v.T, bias.get("v")), "output": (o.T, bias.get("o"))}
+    weights = {"query": (q.T, bias.get("q")), "output": (o.T, bias.get("o"))}
+    if k is not None:
+        weights["key"] = (k.T, bias.get("k"))
+    if v is not None:
+        weights["value"] = (v.T, bias.get("v"))
     plan = _common.mha_plan(layer, weights)
     if getattr(layer, "use_sinks", False):  # attention sinks: one logit per query head
         w = check(entries, sub + "sinks", (H,), "(H,)", f"num_attention_heads={H}")
@@ -96,7 +125,8 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
         raise ValueError(f"The config and the weights disagree: the layer has no attention "
                          f"sinks, but state_dict has {entries.key(sub + 'sinks')}.")
     if spec.qk_norm:
-        for part, norm in (("q", layer.query_norm), ("k", layer.key_norm)):
+        norms = [("q", layer.query_norm)] + ([] if shared else [("k", layer.key_norm)])
+        for part, norm in norms:
             w = check(entries, f"{sub}{part}_norm.weight", (d,), "(d,)", f"head_dim={d}")
             plan.append((norm.scale, w + spec.norm_offset, f"{part}_norm weight"))
     return plan
@@ -117,9 +147,10 @@ def _block(spec: ModelSpec, index, name=None, dtype=None):
     """The unbuilt `TransformerDecoderLayer` of layer `index`."""
     _check_feed_forward(spec)
     return TransformerDecoderLayer(
-        spec.num_heads, intermediate_dim=spec.intermediate_dim, key_dim=spec.head_dim,
-        num_key_value_heads=spec.num_key_value_heads, normalization=spec.normalization,
-        normalize_first=True, gated_feed_forward=spec.gated_feed_forward,
+        spec.num_heads,
+        intermediate_dim=spec.layers[index].intermediate_dim or spec.intermediate_dim,
+        key_dim=spec.layer_head_dim(index), num_key_value_heads=spec.layer_kv_heads(index),
+        normalization=spec.normalization, normalize_first=True, gated_feed_forward=spec.gated_feed_forward,
         activation=gelu_approximate if spec.activation == "gelu_approximate" else spec.activation,
         layer_norm_epsilon=spec.epsilon, use_bias=spec.mlp_bias,
         attention_use_bias=spec.qkv_bias, attention_output_use_bias=spec.output_bias,
@@ -133,7 +164,46 @@ def _block_options(spec):
     options = {}
     if spec.residual_scale is not None:
         options["residual_scale"] = spec.residual_scale
+    if spec.layer_scalar:
+        options["use_layer_scalar"] = True
+    if spec.per_layer_input_dim:
+        options["hidden_size_per_layer_input"] = spec.per_layer_input_dim
     return options
+
+
+def _model_options(spec):
+    """The CausalLM keywords newer than the first families' (set only when used)."""
+    options = {}
+    sources = [layer.kv_source for layer in spec.layers]
+    if any(source is not None for source in sources):
+        options["kv_sharing"] = sources
+    if spec.per_layer_input_dim:
+        options["hidden_size_per_layer_input"] = spec.per_layer_input_dim
+        if spec.per_layer_vocabulary_size is not None:
+            options["vocab_size_per_layer_input"] = spec.per_layer_vocabulary_size
+    return options
+
+
+def _per_layer_embedding_plan(entries, spec, lm):
+    """The per-layer input embeddings' model weights (Gemma 4), or none."""
+    P = spec.per_layer_input_dim
+    if not P:
+        return []
+    L, D = spec.num_layers, spec.hidden_dim
+    V_p = spec.per_layer_vocabulary_size or spec.vocabulary_size
+    what = (f"vocab_size_per_layer_input={V_p}, num_hidden_layers={L}, "
+            f"hidden_size_per_layer_input={P} (L * P = {L * P})")
+    table = _cross_check(entries, "model.embed_tokens_per_layer.weight", (V_p, L * P),
+                         "(V_p, L * P)", what)
+    projection = _cross_check(entries, "model.per_layer_model_projection.weight", (L * P, D),
+                              "(L * P, D)", f"{what}, hidden_size={D}")
+    norm = _cross_check(entries, "model.per_layer_projection_norm.weight", (P,), "(P,)",
+                        f"hidden_size_per_layer_input={P}")
+    return [(lm.embed_tokens_per_layer.embeddings, table, "embed_tokens_per_layer weight"),
+            (lm.per_layer_model_projection.kernel, projection.T,
+             "per_layer_model_projection weight"),
+            (lm.per_layer_projection_norm.scale, norm + spec.norm_offset,
+             "per_layer_projection_norm weight")]
 
 
 def _norm_plan(entries, spec, norm, name, check=_cross_check):
@@ -149,10 +219,13 @@ def _norm_plan(entries, spec, norm, name, check=_cross_check):
 def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
     """Check and plan a decoder layer's entries under `sub` onto the block (`check` as for
     `_attention_plan`)."""
-    D, F = spec.hidden_dim, spec.intermediate_dim
+    D, F = spec.hidden_dim, block.intermediate_dim or spec.intermediate_dim
     plan = _attention_plan(entries, spec, block.self_attention, sub + "self_attn.", check)
     ff = block.feed_forward
     sizes = f"intermediate_size={F}, hidden_size={D}"
+    if F != spec.intermediate_dim:
+        sizes = (f"intermediate_size={spec.intermediate_dim} (this layer's F={F}: "
+                 f"use_double_wide_mlp), hidden_size={D}")
     parts = [("gate", getattr(ff, "gate_dense", None), (F, D), "(F, D)"),
              ("up", ff.intermediate_dense, (F, D), "(F, D)"),
              ("down", ff.output_dense, (D, F), "(D, F)")]
@@ -175,6 +248,19 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
         norms += [("post_attention_layernorm", block.feed_forward_norm)]
     for norm_name, norm in norms:
         plan += _norm_plan(entries, spec, norm, sub + norm_name, check)
+    P = spec.per_layer_input_dim
+    if P:  # the per-layer input's gate, projection and norm
+        what = f"hidden_size_per_layer_input={P}, hidden_size={D}"
+        for part, dense, shape, letters in (
+                ("per_layer_input_gate", block.per_layer_input_gate, (P, D), "(P, D)"),
+                ("per_layer_projection", block.per_layer_projection, (D, P), "(D, P)")):
+            w = check(entries, f"{sub}{part}.weight", shape, letters, what)
+            plan += _common.dense_plan(dense, w.T, None, part)
+        plan += _norm_plan(entries, spec, block.post_per_layer_input_norm,
+                           sub + "post_per_layer_input_norm", check)
+    if spec.layer_scalar:  # a buffer of transformers' state dict: one number per layer
+        w = check(entries, sub + "layer_scalar", (1,), "(1,)", "a layer scalar")
+        plan.append((block.layer_scalar, w, "layer_scalar"))
     return plan
 
 
@@ -236,7 +322,8 @@ def multi_head_attention_from_transformers(module_or_state_dict: Any, config: An
     """
     def make(spec):
         layer = MultiHeadAttention(
-            spec.num_heads, spec.head_dim, num_key_value_heads=spec.num_key_value_heads,
+            spec.num_heads, spec.layer_head_dim(layer_index),
+            num_key_value_heads=spec.layer_kv_heads(layer_index),
             use_bias=spec.qkv_bias, output_use_bias=spec.output_bias,
             dropout=spec.attention_dropout, **spec.layers[layer_index].attention)
         layer.build(query_shape=(None, None, spec.hidden_dim))
@@ -337,8 +424,9 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
         tie_word_embeddings=spec.tie_word_embeddings, embedding_scale=spec.embedding_scale,
         final_logit_soft_cap=spec.final_logit_soft_cap,
         **({"logits_scaling": spec.logits_scaling} if spec.logits_scaling is not None else {}),
-        **kwargs)
+        **_model_options(spec), **kwargs)
     plan = [(lm.token_embedding.embeddings, embedding, "model.embed_tokens weight")]
+    plan += _per_layer_embedding_plan(entries, spec, lm)
     for i, block in enumerate(lm.blocks):
         plan += _block_plan(entries, spec, block, f"model.layers.{i}.")
     plan += _norm_plan(entries, spec, lm.final_norm, "model.norm")

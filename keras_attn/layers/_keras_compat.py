@@ -204,9 +204,12 @@ def check_inputs(layer, query, value, key):
             f"Received: key.shape={shapes['key']}, value.shape={shapes['value']}")
     if not layer.built:
         return
-    for name, dense in (("query", layer.query_dense), ("value", layer.value_dense),
-                        ("key", layer.key_dense)):
-        if name in shapes and shapes[name][-1] not in (None, dense.kernel.shape[0]):
+    # K = V layers have no value_dense (the keys' projection reads `key`), KV-shared ones
+    # no key_dense either (their keys and values are another layer's).
+    for name, dense in (("query", layer.query_dense), ("value", getattr(
+            layer, "value_dense", None)), ("key", getattr(layer, "key_dense", None))):
+        if dense is not None and name in shapes and shapes[name][-1] not in (
+                None, dense.kernel.shape[0]):
             raise ValueError(
                 f"Layer '{layer.name}' was built for `{name}` of width "
                 f"{dense.kernel.shape[0]}, and cannot be called on another width. "

@@ -15,9 +15,8 @@ from keras_attn.layers._common import clone_initializer
 from keras_attn.rotary import apply_rope
 
 __all__ = ["dense", "dense_config", "einsum_sums_in_float32", "full_width_norm", "gate",
-           "head_norm", "project_heads",
-           "project_output", "qk_norm_layer", "query_positions", "query_scale", "rope", "rope_heads",
-           "set_dense_arguments"]
+           "head_norm", "project_heads", "project_output", "qk_norm_layer", "query_positions",
+           "query_scale", "rope", "rope_heads", "set_dense_arguments", "value_norm"]
 
 _DENSE_ARGUMENTS = {f"{part}_{kind}": module
                     for kind, module in (("initializer", keras.initializers),
@@ -84,6 +83,17 @@ def full_width_norm(norm, x):
     B, L = ops.shape(x)[0], ops.shape(x)[1]
     heads, d = x.shape[2], x.shape[3]
     return ops.reshape(norm(ops.reshape(x, (B, L, heads * d))), (B, L, heads, d))
+
+
+def value_norm(v, epsilon):
+    """`(B, L, heads, d)` values over their root mean square over d, without a scale:
+    `v / sqrt(mean(v^2) + epsilon)` (Gemma 4's `v_norm`), in float32 at least and cast
+    back to v's dtype, as transformers' `Gemma4RMSNorm`."""
+    dtype = v.dtype
+    compute = "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
+    x = ops.cast(v, compute)
+    x = x * ops.rsqrt(ops.mean(ops.square(x), axis=-1, keepdims=True) + epsilon)
+    return ops.cast(x, dtype)
 
 
 def _plain(dense):

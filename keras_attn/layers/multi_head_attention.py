@@ -29,6 +29,10 @@ from keras_attn.options import expose_options, pop_options
 __all__ = ["MultiHeadAttention"]
 
 
+def cache_shape_text(cache):
+    return None if cache is None else kv_cache.cache_shape(cache)
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention, with masks that are never silently dropped.
@@ -97,7 +101,8 @@ class MultiHeadAttention(keras.layers.Layer):
         num_key_value_heads, rope_max_wavelength, rope_scaling_factor,
             rope_interleaved, sliding_window, logit_soft_cap, qk_norm,
             qk_norm_epsilon: see `keras_attn.options.AttentionOptions`, whose
-            other fields (`scale`, `query_scale_beta` and `query_scale_length`:
+            other fields (`scale`, `attention_k_eq_v`, `use_value_norm`,
+            `query_scale_beta` and `query_scale_length`:
             the queries times `1 + beta * log(1 + floor(p / length))` at their
             absolute positions p, after RoPE) are keywords too (GQA: query head n uses
             key/value head `n // (H / H_kv)`, as Keras's
@@ -216,6 +221,10 @@ class MultiHeadAttention(keras.layers.Layer):
             compat.implementation_from_config(implementation), flash_attention)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout > 0 else None
         self.options = options.for_heads(self.num_heads, self.key_dim)
+        if self.attention_k_eq_v and self.value_dim not in (None, self.key_dim):
+            raise ValueError(
+                "With `attention_k_eq_v=True` the values are the projected keys: `value_dim` "
+                f"must be None or key_dim={self.key_dim}. Received: value_dim={self.value_dim}")
         self.supports_masking = True
 
     @property
@@ -232,17 +241,22 @@ class MultiHeadAttention(keras.layers.Layer):
         key_shape = value_shape if key_shape is None else check_rank(
             "key", key_shape, 3, "(B, S, k_dim)")
         H, H_kv, d_k, d_v = self.num_heads, self.num_key_value_heads, self.key_dim, self.head_value_dim
-        for name, units, shape in (("query_dense", H * d_k, query_shape),
-                                   ("key_dense", H_kv * d_k, key_shape),
-                                   ("value_dense", H_kv * d_v, value_shape)):
+        projections = [("query_dense", H * d_k, query_shape)]
+        if not self.is_kv_shared_layer:  # else another layer's keys and values
+            projections.append(("key_dense", H_kv * d_k, key_shape))
+        if not (self.attention_k_eq_v or self.is_kv_shared_layer):  # K = V: the keys' too
+            projections.append(("value_dense", H_kv * d_v, value_shape))
+        for name, units, shape in projections:
             setattr(self, name, projection.dense(self, units, name))
             getattr(self, name).build(shape)
         if self.qk_norm is not None:
-            # One norm over each head's d, or (OLMo 2) over all H * d / H_kv * d features.
+            # One norm over each head's d, or (OLMo 2) over all H * d / H_kv * d features;
+            # a KV-shared layer has no key norm (its keys are another layer's).
             widths = (H * d_k, H_kv * d_k) if self.qk_norm_full_width else (d_k, d_k)
-            self.query_norm, self.key_norm = (projection.qk_norm_layer(
-                self.qk_norm, self.qk_norm_epsilon, width, self.dtype_policy, name)
-                for name, width in zip(("query_norm", "key_norm"), widths, strict=True))
+            names = ("query_norm",) + (() if self.is_kv_shared_layer else ("key_norm",))
+            for name, width in zip(names, widths[:len(names)], strict=True):
+                setattr(self, name, projection.qk_norm_layer(
+                    self.qk_norm, self.qk_norm_epsilon, width, self.dtype_policy, name))
         if self.use_gate:
             self.gate_dense = projection.dense(self, H * d_v, "gate_dense", activation="sigmoid")
             self.gate_dense.build(query_shape)
@@ -259,6 +273,12 @@ class MultiHeadAttention(keras.layers.Layer):
              attention_bias=None):
         compat.check_flash_attention(self._flash_attention,
                                      return_attention_scores=return_attention_scores)
+        if self.is_kv_shared_layer and (cache is None or cache_update_index is None):
+            raise ValueError(
+                f"Layer '{self.name}' has `is_kv_shared_layer=True`: it attends another "
+                "layer's keys and values, passed as that layer's `cache` with the step's "
+                f"`cache_update_index`. Received: cache={cache_shape_text(cache)}, "
+                f"cache_update_index={cache_update_index!r}")
         cache_in = kv_cache.KVCache.of(cache, cache_update_index)  # a tensor: keras-hub's layout
         given = dict(attention_mask=attention_mask, key_mask=key_mask, value_mask=value_mask)
         read_only = cache is not None and cache_update_index is None
@@ -353,16 +373,19 @@ class MultiHeadAttention(keras.layers.Layer):
         d_k, d_v, H_kv = self.key_dim, self.head_value_dim, self.num_key_value_heads
         q = projection.project_heads(self.query_dense, query, self.num_heads, d_k)  # (B, T, H, d_k)
         k = v = None
-        if not read_only:
+        if not read_only and not self.is_kv_shared_layer:
             k = projection.project_heads(self.key_dense, key, H_kv, d_k)  # (B, S_new, H_kv, d_k)
-            v = projection.project_heads(self.value_dense, value, H_kv, d_v)  # (B, S_new, H_kv, d_v)
+            v = (k if self.attention_k_eq_v  # the projected keys, before key_norm and RoPE
+                 else projection.project_heads(self.value_dense, value, H_kv, d_v))  # (B, S_new, H_kv, d_v)
+            if self.use_value_norm:  # before the cache: the cached values are normalised
+                v = projection.value_norm(v, self.qk_norm_epsilon)
         if self.qk_norm is not None:
             norm = projection.full_width_norm if self.qk_norm_full_width else projection.head_norm
             q = norm(self.query_norm, q)
-            k = None if read_only else norm(self.key_norm, k)
+            k = None if k is None else norm(self.key_norm, k)
         if self.rope_max_wavelength is not None and not cached:
             q, k = projection.rope_heads(q, k, ops.shape(query)[1], ops.shape(key)[1], None,
-                                         None, self.options)
+                                         None, self.options)  # never shared: a cache
         if self.query_scale_beta is not None and not cached:  # after RoPE, RoPE's positions
             q = projection.query_scale(q, projection.query_positions(
                 ops.shape(query)[1], ops.shape(key)[1]), self.options)

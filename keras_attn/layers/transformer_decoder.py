@@ -1,11 +1,13 @@
 """Transformer decoder layer (paper Section 3.1), or a decoder-only block."""
 
 import keras
+from keras import ops
 
 from keras_attn._shapes import static_shape
-from keras_attn._validation import check_rank
+from keras_attn._validation import check_positive_int, check_rank
 from keras_attn.attention import combine_masks
 from keras_attn.cache import cache_length, cache_shape, cache_spec
+from keras_attn.layers._common import clone_initializer
 from keras_attn.layers._transformer_base import TransformerLayerBase
 
 __all__ = ["TransformerDecoderLayer"]
@@ -37,7 +39,15 @@ class TransformerDecoderLayer(TransformerLayerBase):
     `attention_output_use_bias`, `feed_forward_use_bias`, and the sandwich
     norms `use_post_attention_norm`, `use_post_ffw_norm`; `attention`,
     `feed_forward`, `residual_scale` and `use_gate` (the self-attention's
-    gate only) as there too. A given `attention` is
+    gate only) as there too; and `use_layer_scalar`
+    (keyword, decoder only): a weight `layer_scalar` `(1,)`, ones at first,
+    multiplies the block's output, the whole residual stream (Gemma 4's
+    `layer_scalar`); and `hidden_size_per_layer_input` P (keyword, decoder
+    only; Gemma 4's and Gemma 3n's per-layer input embeddings): sublayers
+    `per_layer_input_gate` `Dense(P)`, `per_layer_projection` `Dense(D)` (no
+    biases) and `post_per_layer_input_norm`, and after the feed-forward
+    `x + post_per_layer_input_norm(per_layer_projection(activation(
+    per_layer_input_gate(x)) * per_layer_input))`, before the layer scalar. A given `attention` is
     the self-attention (it receives the `self_attention_cache` as `cache`);
     the cross-attention stays the default `MultiHeadAttention`, so `num_heads`,
     `key_dim`, `implementation`, `attention_dropout` and the attention biases
@@ -92,6 +102,9 @@ class TransformerDecoderLayer(TransformerLayerBase):
             `attention_bias` (named like `attention_mask`, the self-attention's
             mask; T5's relative position bias). A given `attention` receives it
             as `attention_bias`, only when set.
+        per_layer_input: `(B, T, P)`, with `hidden_size_per_layer_input` P
+            only (and then required): this block's per-layer input
+            (`CausalLM` computes it from the token ids).
 
     Returns:
         `(B, T, D)`. With `return_attention_scores=True`, a tuple
@@ -127,6 +140,16 @@ class TransformerDecoderLayer(TransformerLayerBase):
 
     _has_cross_attention = True
 
+    def __init__(self, num_heads: int | None = None, *args, use_layer_scalar: bool = False,
+                 hidden_size_per_layer_input: int | None = None, **kwargs) -> None:
+        super().__init__(num_heads, *args, **kwargs)
+        # Gemma 4's `layer_scalar`: a weight `(1,)` (ones at first) that multiplies the
+        # block's whole output (the residual stream), after the feed-forward's residual.
+        self.use_layer_scalar = bool(use_layer_scalar)
+        # Gemma 4's (Gemma 3n's) per-layer input: P, the width of `per_layer_input`.
+        self.hidden_size_per_layer_input = check_positive_int(
+            "hidden_size_per_layer_input", hidden_size_per_layer_input, allow_none=True)
+
     def build(self, inputs_shape, memory_shape=None):
         inputs_shape = check_rank("inputs", inputs_shape, 3, "(B, T, D)")
         model_dim = inputs_shape[-1]
@@ -146,7 +169,28 @@ class TransformerDecoderLayer(TransformerLayerBase):
             self.post_cross_attention_norm = self._post_norm(
                 self.use_post_attention_norm, "post_cross_attention_norm", inputs_shape)
         self._build_feed_forward(inputs_shape)
+        if self.hidden_size_per_layer_input:
+            P = self.hidden_size_per_layer_input
+            self.per_layer_input_gate = self._plain_dense(P, "per_layer_input_gate")
+            self.per_layer_input_gate.build(inputs_shape)
+            self.per_layer_projection = self._plain_dense(model_dim, "per_layer_projection")
+            self.per_layer_projection.build(tuple(inputs_shape[:-1]) + (P,))
+            self.post_per_layer_input_norm = self._norm("post_per_layer_input_norm",
+                                                        inputs_shape)
+        if self.use_layer_scalar:
+            self.layer_scalar = self.add_weight(name="layer_scalar", shape=(1,),
+                                                initializer="ones")
         self.built = True
+
+    def _plain_dense(self, units, name):
+        return keras.layers.Dense(units, use_bias=False, kernel_initializer=clone_initializer(
+            self.kernel_initializer), dtype=self.dtype_policy, name=name)
+
+    def _per_layer_input(self, x, per_layer_input):
+        """x + norm(W_proj(act(W_gate x) * per_layer_input)): Gemma 4's per-layer input,
+        after the feed-forward, before the layer scalar."""
+        h = self.activation(self.per_layer_input_gate(x)) * ops.cast(per_layer_input, x.dtype)
+        return x + self.post_per_layer_input_norm(self.per_layer_projection(h))
 
     def _check_memory(self, memory, cross_attention_cache=None,
                       cross_attention_cache_update_index=None):
@@ -237,14 +281,32 @@ class TransformerDecoderLayer(TransformerLayerBase):
                     f"must be S_max, for one new token as for many (mark the cached "
                     f"positions too). Received: {name}.shape={shape}")
 
+    def _check_per_layer_input(self, per_layer_input):
+        if (per_layer_input is None) != (self.hidden_size_per_layer_input is None):
+            raise ValueError(
+                f"Layer '{self.name}' has hidden_size_per_layer_input="
+                f"{self.hidden_size_per_layer_input}: `per_layer_input` (B, T, P) is given "
+                "exactly when P is set. Received: per_layer_input="
+                f"{None if per_layer_input is None else static_shape(per_layer_input)}")
+
+    def get_config(self):
+        config = super().get_config()
+        if self.use_layer_scalar:  # absent when unset: the config stays today's
+            config["use_layer_scalar"] = True
+        if self.hidden_size_per_layer_input:
+            config["hidden_size_per_layer_input"] = self.hidden_size_per_layer_input
+        return config
+
     def compute_output_spec(self, inputs, memory=None, padding_mask=None,
                             memory_padding_mask=None, attention_mask=None,
                             memory_attention_mask=None, use_causal_mask=True,
                             return_attention_scores=False, training=None, mask=None,
                             inputs_mask=None, memory_mask=None, self_attention_cache=None,
                             self_attention_cache_update_index=None, cross_attention_cache=None,
-                            cross_attention_cache_update_index=None, attention_bias=None):
+                            cross_attention_cache_update_index=None, attention_bias=None,
+                            per_layer_input=None):
         """`call`'s structure on symbolic inputs: outputs, then scores, then caches."""
+        self._check_per_layer_input(per_layer_input)
         keras_mask = mask if mask is not None else inputs_mask
         self._check_call(inputs, memory, keras_mask, padding_mask, attention_mask,
                          memory_padding_mask, memory_attention_mask, self_attention_cache,
@@ -283,7 +345,9 @@ class TransformerDecoderLayer(TransformerLayerBase):
         cross_attention_cache=None,
         cross_attention_cache_update_index=None,
         attention_bias=None,
+        per_layer_input=None,
     ):
+        self._check_per_layer_input(per_layer_input)
         keras_mask = mask if mask is not None else inputs_mask
         self._check_call(inputs, memory, keras_mask, padding_mask, attention_mask,
                          memory_padding_mask, memory_attention_mask, self_attention_cache,
@@ -311,6 +375,10 @@ class TransformerDecoderLayer(TransformerLayerBase):
         x, _ = self._residual(x, lambda h: self.feed_forward(h, training=training),
                               self.feed_forward_norm, self.feed_forward_dropout, training,
                               self.post_feed_forward_norm)
+        if self.hidden_size_per_layer_input:
+            x = self._per_layer_input(x, per_layer_input)
+        if self.use_layer_scalar:
+            x = x * ops.cast(self.layer_scalar, x.dtype)
         results = (x, *(s for s in (self_scores, cross_scores) if s is not None),
                    *(c for c in (self_cache, cross_cache) if c is not None))
         return results if len(results) > 1 else x

@@ -53,6 +53,33 @@ def cache_recompute_lengths(lm):
         if rope is not None and rope.cache_recompute_length is not None:
             lengths.add(rope.cache_recompute_length)
     return tuple(sorted(lengths))
+def _check_kv_sharing(kv_sharing, num_blocks):
+    """`kv_sharing` as a list (None: no sharing): per block None, or the index of an
+    earlier block that shares no other block's keys and values itself."""
+    if kv_sharing is None:
+        return None
+    sources = list(kv_sharing) if isinstance(kv_sharing, Sequence) else None
+    if sources is None or len(sources) != num_blocks:
+        raise ValueError(f"`kv_sharing` must be a list of one entry per block ({num_blocks}). "
+                         f"Received: kv_sharing={kv_sharing!r}")
+    for i, j in enumerate(sources):
+        if j is None:
+            continue
+        if isinstance(j, bool) or not isinstance(j, numbers.Integral) or not (
+                0 <= j < i) or sources[j] is not None:
+            raise ValueError(
+                f"`kv_sharing[{i}]` must be None or the index of an earlier block that "
+                f"computes its own keys and values. Received: kv_sharing={sources!r}")
+        sources[i] = int(j)
+    return sources
+
+
+def _empty_caches(lm, batch, max_length):
+    """`generate`'s caches: L slots per block; one slot for a KV-shared block, which reads
+    its source's cache and hands its own back untouched (a placeholder)."""
+    sources = lm.kv_sharing or [None] * len(lm.blocks)
+    return [empty_cache(block, batch, max_length if source is None else 1, as_kv_cache=True)
+            for block, source in zip(lm.blocks, sources)]
 
 
 class _GenerateLoop(keras.Model):
@@ -79,8 +106,7 @@ class _GenerateLoop(keras.Model):
     def call(self, prompt_ids):
         self.traces += 1
         batch = prompt_ids.shape[0]
-        caches = [empty_cache(block, batch, self.max_length, as_kv_cache=True)
-                  for block in self.lm.blocks]
+        caches = _empty_caches(self.lm, batch, self.max_length)
         step = self.lm.next_token_logits
         if self.step is not None:
             self.step.follow(self.lm.variables)  # once per call: the weights may have changed
@@ -196,6 +222,24 @@ class CausalLM(keras.Model):
             (transformers' Granite `logits_scaling`, which has no soft-cap;
             here the cap, if any, applies after the division). In the config
             only when set.
+        kv_sharing: None, or one entry per block: None, or the index j of an
+            earlier block whose keys and values (after qk-norm and RoPE) this
+            block attends instead of its own (Gemma 4's `num_kv_shared_layers`:
+            transformers' "reuse" layers and their "store" layer). Block i's
+            self-attention must have `is_kv_shared_layer=True` exactly where
+            an index is given; it reads block j's cache (in `generate`, at the
+            step's index; uncached, block j runs over a cache of T slots, so
+            the batch and length must be static). In the config when set.
+        hidden_size_per_layer_input: P, or None: Gemma 4's (Gemma 3n's)
+            per-layer input embeddings. Sublayers `embed_tokens_per_layer`
+            `Embedding(V_p, L * P)`, `per_layer_model_projection` `Dense(L * P)`
+            (no bias) and `per_layer_projection_norm` (RMS over P); the inputs
+            `(norm(reshape(x W / sqrt(D))) + sqrt(P) reshape(E[ids])) / sqrt(2)`
+            `(B, T, L, P)` of the scaled embeddings `x`, slice i passed to block
+            i as `per_layer_input` (its `hidden_size_per_layer_input` must be
+            P). In the config when set.
+        vocab_size_per_layer_input: V_p, the per-layer embeddings' vocabulary
+            (None: V); with `hidden_size_per_layer_input` only.
         **kwargs: `name`, `dtype` and the other arguments of `keras.Model`.
 
     Call arguments:
@@ -227,7 +271,10 @@ class CausalLM(keras.Model):
                  normalization: str = "rms", layer_norm_epsilon: float = 1e-6,
                  tie_word_embeddings: bool = True, embedding_scale: float | None = None,
                  final_logit_soft_cap: float | None = None,
-                 logits_scaling: float | None = None, **kwargs) -> None:
+                 logits_scaling: float | None = None,
+                 kv_sharing: Sequence[int | None] | None = None,
+                 hidden_size_per_layer_input: int | None = None,
+                 vocab_size_per_layer_input: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size = check_positive_int("vocabulary_size", vocabulary_size)
         self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
@@ -266,6 +313,27 @@ class CausalLM(keras.Model):
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm")
         self.lm_head = None if self.tie_word_embeddings else keras.layers.Dense(
             self.vocabulary_size, use_bias=False, dtype=self.dtype_policy, name="lm_head")
+        self.hidden_size_per_layer_input = check_positive_int(
+            "hidden_size_per_layer_input", hidden_size_per_layer_input, allow_none=True)
+        self.vocab_size_per_layer_input = check_positive_int(
+            "vocab_size_per_layer_input", vocab_size_per_layer_input, allow_none=True)
+        if self.vocab_size_per_layer_input is not None and not self.hidden_size_per_layer_input:
+            raise ValueError(
+                "`vocab_size_per_layer_input` is the per-layer embeddings' vocabulary, which "
+                "need `hidden_size_per_layer_input`. Received: vocab_size_per_layer_input="
+                f"{vocab_size_per_layer_input}, hidden_size_per_layer_input=None")
+        if self.hidden_size_per_layer_input:
+            L, P = len(self.blocks), self.hidden_size_per_layer_input
+            self.embed_tokens_per_layer = keras.layers.Embedding(
+                self.vocab_size_per_layer_input or self.vocabulary_size, L * P,
+                dtype=self.dtype_policy, name="embed_tokens_per_layer")
+            self.per_layer_model_projection = keras.layers.Dense(
+                L * P, use_bias=False, dtype=self.dtype_policy,
+                name="per_layer_model_projection")
+            self.per_layer_projection_norm = keras.layers.RMSNormalization(
+                epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
+                name="per_layer_projection_norm")
+        self.kv_sharing = _check_kv_sharing(kv_sharing, len(self.blocks))
         self.build((None, None))
 
     def build(self, input_shape=None):
@@ -282,7 +350,63 @@ class CausalLM(keras.Model):
         self.final_norm.build(hidden_shape)
         if self.lm_head is not None:
             self.lm_head.build(hidden_shape)
+        if self.hidden_size_per_layer_input:
+            self.embed_tokens_per_layer.build((None, None))
+            self.per_layer_model_projection.build(hidden_shape)
+            self.per_layer_projection_norm.build((None, None, None,
+                                                  self.hidden_size_per_layer_input))
+        for i, source in enumerate(self.kv_sharing or [None] * len(self.blocks)):
+            attention = getattr(self.blocks[i], "self_attention", None)
+            if bool(getattr(attention, "is_kv_shared_layer", False)) != (source is not None):
+                raise ValueError(
+                    f"`blocks[{i}]` ('{self.blocks[i].name}') reuses another block's keys and "
+                    "values exactly when its self-attention has `is_kv_shared_layer=True`. "
+                    f"Received: kv_sharing[{i}]={source!r}, is_kv_shared_layer="
+                    f"{getattr(attention, 'is_kv_shared_layer', False)}")
         self.built = True
+
+    def _per_layer_inputs(self, token_ids, x):
+        """`(B, T, L, P)`: Gemma 4's per-layer inputs, `(norm(x W / sqrt(D)) +
+        sqrt(P) E_per_layer[ids]) / sqrt(2)` of the scaled embeddings `x`, or None."""
+        if not self.hidden_size_per_layer_input:
+            return None
+        L, P = len(self.blocks), self.hidden_size_per_layer_input
+        B, T = ops.shape(x)[0], ops.shape(x)[1]
+        tokens = self.embed_tokens_per_layer(token_ids)
+        tokens = ops.reshape(tokens * ops.cast(P ** 0.5, tokens.dtype), (B, T, L, P))
+        projected = self.per_layer_model_projection(x) * ops.cast(self.hidden_dim ** -0.5,
+                                                                  x.dtype)
+        projected = self.per_layer_projection_norm(ops.reshape(projected, (B, T, L, P)))
+        return (projected + ops.cast(tokens, projected.dtype)) * ops.cast(2.0 ** -0.5,
+                                                                          projected.dtype)
+
+    def _blocks(self, x, per_layer, caches=None, cache_update_index=None):
+        """The blocks over `x` `(B, T, D)`, uncached (`caches` None) or cached: `(x, new
+        caches or None)`. A KV-shared block (`kv_sharing`) reads its source block's cache:
+        uncached, the source runs over a cache of T slots (its keys and values, after
+        qk-norm and RoPE, are then the shared ones)."""
+        sources = self.kv_sharing or [None] * len(self.blocks)
+        producers = {j for j in sources if j is not None}
+        shared, new_caches = {}, []
+        for i, block in enumerate(self.blocks):
+            extra = {} if per_layer is None else {"per_layer_input": per_layer[:, :, i, :]}
+            if caches is not None:
+                cache, index = caches[i], cache_update_index
+            elif i in producers or sources[i] is not None:
+                B, T = tuple(x.shape)[:2]
+                cache, index = empty_cache(block, B, T, as_kv_cache=True), 0
+            else:
+                x = block(x, use_causal_mask=True, **extra)
+                continue
+            if sources[i] is not None:  # attends its source's keys and values, writes none
+                x, _ = block(x, self_attention_cache=shared[sources[i]],
+                             self_attention_cache_update_index=index, **extra)
+            else:
+                x, cache = block(x, self_attention_cache=cache,
+                                 self_attention_cache_update_index=index, **extra)
+                shared[i] = cache
+            new_caches.append(cache)
+        return x, (new_caches if caches is not None else None)
 
     def _embed(self, token_ids):
         x = self.token_embedding(token_ids)
@@ -307,8 +431,7 @@ class CausalLM(keras.Model):
     def call(self, token_ids):
         token_ids = _check_token_ids("token_ids", token_ids)
         x = self._embed(token_ids)
-        for block in self.blocks:
-            x = block(x, use_causal_mask=True)
+        x, _ = self._blocks(x, self._per_layer_inputs(token_ids, x))
         return self._logits(x)
 
     def compute_output_spec(self, token_ids):
@@ -325,11 +448,8 @@ class CausalLM(keras.Model):
         the T tokens are the positions `cache_update_index + i`.
         """
         x = self._embed(token_ids)
-        new_caches = []
-        for block, cache in zip(self.blocks, caches):
-            x, cache = block(x, self_attention_cache=cache,
-                             self_attention_cache_update_index=cache_update_index)
-            new_caches.append(cache)
+        x, new_caches = self._blocks(x, self._per_layer_inputs(token_ids, x), list(caches),
+                                     cache_update_index)
         return self._logits(x), new_caches
 
     def generate(self, prompt_ids, max_length: int, *, end_token_id=None,
@@ -403,8 +523,7 @@ class CausalLM(keras.Model):
         prompt = concrete_value(prompt_ids)
         if (keras.backend.backend() == "numpy" or prompt is None
                 or (sampling and not isinstance(seed, numbers.Integral))):
-            caches = [empty_cache(block, batch, max_length, as_kv_cache=True)
-                      for block in self.blocks]
+            caches = _empty_caches(self, batch, max_length)
             return generate_tokens(self.next_token_logits, prompt_ids, max_length, caches,
                                    end_token_id=end_token_id, temperature=temperature,
                                    top_k=top_k, seed=seed,
@@ -436,6 +555,9 @@ class CausalLM(keras.Model):
         })
         if self.logits_scaling is not None:  # absent when unset: the config stays today's
             config["logits_scaling"] = self.logits_scaling
+        for name in ("kv_sharing", "hidden_size_per_layer_input", "vocab_size_per_layer_input"):
+            if getattr(self, name) is not None:  # likewise
+                config[name] = getattr(self, name)
         return config
 
     @classmethod

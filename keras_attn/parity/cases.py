@@ -281,6 +281,23 @@ CASES = (
           "rope_original_max_position_embeddings": 4, "rope_attention_factor": 1.2,
           "rope_short_factor": (1.0, 1.3, 1.7, 2.2), "rope_long_factor": (1.5, 3.0, 6.0, 12.0)},
          {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 2}),
+    # Gemma 4's full-attention layer: K = V, the unweighted value norm, proportional RoPE.
+    Case("mha_gqa_proportional_k_eq_v", "mha",
+         "MultiHeadAttention: Gemma 4's full layer: K = V (no value projection), values over "
+         "their RMS, qk-norm rms, proportional RoPE (share 0.5: 2 of 4 pairs turn, over the "
+         "whole head), scale 1, GQA 4/2, causal",
+         {"num_heads": 4, "key_dim": 8, "num_key_value_heads": 2, "rope_max_wavelength": 100.0,
+          "rope_type": "proportional", "rope_partial_rotary_factor": 0.5,
+          "attention_k_eq_v": True, "use_value_norm": True, "qk_norm": "rms", "scale": 1.0,
+          "use_bias": False},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    Case("mha_cached_k_eq_v_value_norm", "mha",
+         "MultiHeadAttention with a cache: K = V and the value norm (the cache holds "
+         "normalised values), proportional RoPE, prefill 2 tokens, then 2 one-token steps",
+         {"num_heads": 2, "key_dim": 4, "rope_max_wavelength": 100.0,
+          "rope_type": "proportional", "rope_partial_rotary_factor": 0.5,
+          "attention_k_eq_v": True, "use_value_norm": True},
+         {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 2}),
 )
 
 # Constructor arguments that configure the attention itself (the reference takes them too):
@@ -370,10 +387,14 @@ def weight_shapes(case):
         q = s["query"][-1]
         k = s.get("key", s["query"])[-1]
         v = s.get("value", s.get("key", s["query"]))[-1]
-        return _mha("", q, k, v, c["num_heads"], c["key_dim"], c.get("value_dim"),
-                    c.get("output_dim"), bias, c.get("num_key_value_heads"), c.get("qk_norm"),
-                    c.get("output_use_bias"), c.get("use_gate", False), c.get("use_sinks", False),
-                    c.get("qk_norm_full_width", False))
+        shapes = _mha("", q, k, v, c["num_heads"], c["key_dim"], c.get("value_dim"),
+                      c.get("output_dim"), bias, c.get("num_key_value_heads"), c.get("qk_norm"),
+                      c.get("output_use_bias"), c.get("use_gate", False),
+                      c.get("use_sinks", False), c.get("qk_norm_full_width", False))
+        if c.get("attention_k_eq_v"):  # the keys' projection is the values' too
+            shapes = {name: shape for name, shape in shapes.items()
+                      if not name.startswith("value/")}
+        return shapes
     if case.kind == "ffn":
         return _ffn("", s["inputs"][-1], c["intermediate_dim"], c.get("output_dim"), bias,
                     c.get("gated", False))

@@ -199,7 +199,8 @@ def multi_head_attention(
     rope_scaling_factor=1.0, rope_interleaved=False, sliding_window=None,
     logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None, rope_type="default",
     use_sinks=False, query_scale_beta=None, query_scale_length=None, attention_chunk_size=None,
-    qk_norm_full_width=False, attention_bias=None, **rope_parameters,
+    qk_norm_full_width=False, attention_bias=None, attention_k_eq_v=False, use_value_norm=False,
+    **rope_parameters,
 ):
     """Multi-head attention, paper Section 3.2.2, with today's options.
 
@@ -223,6 +224,10 @@ def multi_head_attention(
     `attention_bias` (additive, broadcast to `(B, H, T, S)`) is added to the
     logits after the scale and the soft-cap (`scaled_dot_product_attention`'s
     `bias`). `mask` broadcasts to `(B, T, S)` or `(B, H, T, S)`. Returns
+    `attention_k_eq_v` (Gemma 4's full layers): no `value` params, the values are
+    the key projection of `key` before qk-norm and RoPE. `use_value_norm`: each
+    head's values divided by `sqrt(mean_d(v^2) + qk_norm_epsilon)` (no scale).
+    `mask` broadcasts to `(B, T, S)` or `(B, H, T, S)`. Returns
     `(B, T, out)` and the weights `(B, H, T, S)`.
     """
     unknown = [n for n in rope_parameters if not n.startswith("rope_")]
@@ -233,12 +238,18 @@ def multi_head_attention(
     value = key if value is None else value
     kv_heads = num_key_value_heads or num_heads
     q, k = dense(query, params["query"]), dense(key, params["key"])  # (B, L, heads * d_k)
+    k_projected = _split_heads(k, kv_heads)  # (B, H_kv, S, d_k), before any norm
     if qk_norm is not None and qk_norm_full_width:
         q = _head_norm(q, params["query_norm"], qk_norm, qk_norm_epsilon)
         k = _head_norm(k, params["key_norm"], qk_norm, qk_norm_epsilon)
     q = _split_heads(q, num_heads)  # (B, H, T, d_k)
     k = _split_heads(k, kv_heads)  # (B, H_kv, S, d_k)
-    v = _split_heads(dense(value, params["value"]), kv_heads)  # (B, H_kv, S, d_v)
+    if attention_k_eq_v:
+        v = k_projected  # the key projection's heads, before the key norm and RoPE
+    else:
+        v = _split_heads(dense(value, params["value"]), kv_heads)  # (B, H_kv, S, d_v)
+    if use_value_norm:
+        v = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + qk_norm_epsilon)
     if qk_norm is not None and not qk_norm_full_width:
         q = _head_norm(q, params["query_norm"], qk_norm, qk_norm_epsilon)
         k = _head_norm(k, params["key_norm"], qk_norm, qk_norm_epsilon)

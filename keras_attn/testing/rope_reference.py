@@ -17,7 +17,7 @@ def rope_inverse_frequencies(d, max_wavelength=10000.0, scaling_factor=1.0, rope
                              original_max_position_embeddings=None, beta_fast=32.0,
                              beta_slow=1.0, attention_factor=None, mscale=None,
                              mscale_all_dim=None, truncate=True, short_factor=None,
-                             long_factor=None, seq_len=None):
+                             long_factor=None, seq_len=None, partial_rotary_factor=1.0):
     """The d/2 RoPE frequencies theta_i and the cos/sin multiplier, float64.
 
     Written from Hugging Face transformers' `modeling_rope_utils.py`
@@ -28,7 +28,15 @@ def rope_inverse_frequencies(d, max_wavelength=10000.0, scaling_factor=1.0, rope
     longrope (`_compute_longrope_parameters`): `theta_i / short_factor[i]`, or
     `/ long_factor[i]` when `seq_len > original_max_position_embeddings`; the
     factor `sqrt(1 + ln(scaling_factor) / ln(original))` unless given.
+    "proportional" (`_compute_proportional_rope_parameters`, Gemma 4): theta_i as
+    "default" for i < floor(partial_rotary_factor * d / 2), 0 past it (only
+    this type reads `partial_rotary_factor` here; `rotary_embedding` slices for
+    the others).
     """
+    if rope_type == "proportional":
+        rotated = int(partial_rotary_factor * d // 2)
+        theta = [max_wavelength ** (-2.0 * i / d) if i < rotated else 0.0 for i in range(d // 2)]
+        return np.array(theta, np.float64) / scaling_factor, 1.0
     theta = [max_wavelength ** (-2.0 * i / d) for i in range(d // 2)]
     theta = np.array(theta, np.float64)
     if rope_type in ("default", "linear"):
@@ -97,6 +105,9 @@ def rotary_embedding(x, positions, max_wavelength=10000.0, scaling_factor=1.0,
     """
     x = np.asarray(x, np.float64)
     d = x.shape[-1]
+    if rope.get("rope_type") == "proportional":  # the whole head, some pairs unturned
+        rope["partial_rotary_factor"] = partial_rotary_factor
+        partial_rotary_factor = 1.0
     r = int(d * partial_rotary_factor)
     if r < d:
         head = rotary_embedding(x[..., :r], positions, max_wavelength, scaling_factor,
