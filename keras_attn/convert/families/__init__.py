@@ -32,7 +32,7 @@ __all__ = ["family", "model_types"]
 _MODULES = {name: name for name in (
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
     "starcoder2", "gemma", "phi3", "granite", "ministral", "smollm3", "glm4",
-    "ministral3")}
+    "ministral3", "deepseek_v3")}
 
 
 def model_types():
