@@ -486,7 +486,9 @@ def empty_cache(layer: keras.layers.Layer, batch_size: int, max_length: int,
 
     Args:
         layer: a `keras_attn.MultiHeadAttention`, or a built
-            `keras_attn.TransformerDecoderLayer` (its self-attention's cache).
+            `keras_attn.TransformerDecoderLayer` (its self-attention's cache), or a
+            `keras_attn.MultiHeadLatentAttention` (its `LatentCache`, whatever
+            `as_kv_cache` says).
         batch_size: B.
         max_length: S_max, the number of positions the cache holds (prompt
             and generated tokens together).
@@ -508,6 +510,8 @@ def empty_cache(layer: keras.layers.Layer, batch_size: int, max_length: int,
     (1, 2, 128, 2, 16)
     """
     attention = getattr(layer, "self_attention", layer)
+    if getattr(attention, "kv_lora_rank", None) is not None:  # latent attention: its LatentCache
+        return attention.empty_cache(batch_size, max_length, dtype, as_kv_cache=True)
     heads = getattr(attention, "num_key_value_heads", None)
     width = getattr(attention, "key_dim", None)
     if not isinstance(heads, int) or not isinstance(width, int):

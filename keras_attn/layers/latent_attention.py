@@ -19,8 +19,14 @@ from keras_attn import cache as kv_cache
 from keras_attn._observe import record_path
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Initializer
-from keras_attn._validation import check_dropout, check_floating, check_positive_float, \
-    check_positive_int, check_rank
+from keras_attn._validation import (
+    as_bool_mask,
+    check_dropout,
+    check_floating,
+    check_positive_float,
+    check_positive_int,
+    check_rank,
+)
 from keras_attn.attention import attend_heads, combine_masks
 from keras_attn.layers import _keras_compat as compat
 from keras_attn.layers import _projection as projection
@@ -140,6 +146,9 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             follow it, unwritten slots are never attended.
         return_attention_scores: also return the weights `(B, H, T, S)`.
         training: whether attention dropout is active.
+        mask: the query's Keras mask `(B, T)` (filled in by Keras from a masked
+            input): without a cache, its padded positions are never attended as
+            keys; the output carries it.
 
     Returns:
         The output `(B, T, output_dim)`; with `return_attention_scores` also
@@ -210,6 +219,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         # What the kernels get: the scale resolved for d_qk, whichever form runs (the
         # absorbed form's head is r + d_rope wide, but its logits are the same numbers).
         self._kernel_options = dataclasses.replace(self.options, scale=self.softmax_scale)
+        self.supports_masking = True
 
     @property
     def qk_head_dim(self):
@@ -251,7 +261,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         self.built = True
 
     def call(self, query, attention_mask=None, use_causal_mask=False, cache=None,
-             cache_update_index=None, return_attention_scores=False, training=None):
+             cache_update_index=None, return_attention_scores=False, training=None, mask=None):
         check_rank("query", query, 3, "(B, T, D)")
         check_floating("query", query)
         if cache is not None and not isinstance(cache, kv_cache.LatentCache):
@@ -283,7 +293,8 @@ class MultiHeadLatentAttention(keras.layers.Layer):
                 q_rope = projection.rope(q_rope, step.query_positions, self.options)
             k_rope, latent = step.keys, step.values  # (B, S_max, 1, d_rope | r)
             is_causal, S = False, cache.max_length  # the rules are in `step.mask`
-        mask = compat.merge_masks(B, T, S, H, attention_mask, None)
+        key_padding = None if cache is not None else as_bool_mask("mask", mask)
+        mask = compat.merge_masks(B, T, S, H, attention_mask, key_padding)
         if step is not None:
             mask = combine_masks(mask, step.mask)
         form = record_path(self._form(cache is not None, T))
@@ -395,7 +406,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
 
     def compute_output_spec(self, query, attention_mask=None, use_causal_mask=False, cache=None,
                             cache_update_index=None, return_attention_scores=False,
-                            training=None):
+                            training=None, mask=None):
         results = (keras.KerasTensor(self.compute_output_shape(query.shape),
                                      dtype=self.compute_dtype),)
         if return_attention_scores:

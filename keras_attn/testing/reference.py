@@ -355,9 +355,9 @@ def decoder_layer(
 
 def multi_head_latent_attention(
     params, query, num_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
-    mask=None, is_causal=False, layer_norm_epsilon=1e-6, rope_max_wavelength=10000.0,
-    rope_scaling_factor=1.0, rope_interleaved=True, scale=None, rope_type="default",
-    **rope_parameters,
+    q_lora_rank=None, mask=None, is_causal=False, layer_norm_epsilon=1e-6,
+    rope_max_wavelength=10000.0, rope_scaling_factor=1.0, rope_interleaved=True, scale=None,
+    rope_type="default", **rope_parameters,
 ):
     """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Section 2.1), written
     from the paper's Eq. 9-19 in its expanded form: every head's keys and values
@@ -371,7 +371,8 @@ def multi_head_latent_attention(
     `key_value_b` of c gives head h's `[k_nope, v]` in columns
     `[h (nope + v), (h + 1) (nope + v))`; the key of head h is `[k_nope_h,
     RoPE(k_rope)]`, the RoPE key shared by the heads. Self-attention: positions
-    `0 .. T - 1`. `scale` None: `1 / sqrt(d_qk)`. Other `rope_<name>` options go to
+    `0 .. T - 1`. `q_lora_rank` None: the plain `query` projection (else its width).
+    `scale` None: `1 / sqrt(d_qk)`. Other `rope_<name>` options go to
     `rope_inverse_frequencies`. Returns `(B, T, out)` and the weights `(B, H, T, T)`.
     """
     unknown = [n for n in rope_parameters if not n.startswith("rope_")]
@@ -380,7 +381,9 @@ def multi_head_latent_attention(
     x = np.asarray(query, np.float64)
     B, T, _ = x.shape
     H, nope, rope_dim, r = num_heads, qk_nope_head_dim, qk_rope_head_dim, kv_lora_rank
-    if "query" in params:
+    if ("query" in params) != (q_lora_rank is None):
+        raise ValueError(f"q_lora_rank={q_lora_rank} disagrees with the params {sorted(params)}")
+    if q_lora_rank is None:
         q = dense(x, params["query"])
     else:
         q = dense(rms_norm(dense(x, params["query_a"]), params["query_a_norm"],
