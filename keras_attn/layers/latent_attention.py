@@ -108,7 +108,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         dropout: dropout rate on the attention weights (training only).
         decode: `"auto"` (default), `"absorbed"` or `"expanded"`: the form of the
             attention (see above). `"auto"` takes the absorbed form for a call
-            over a cache with at most `ABSORB_MAX_QUERIES` (16) queries (per-token
+            over a cache with at most `ABSORB_MAX_QUERIES` (8) queries (per-token
             decoding), where it measured faster, and the expanded form otherwise
             (training, prefill: fewer FLOPs when T is long).
         implementation: the kernel path, as `MultiHeadAttention`'s.
@@ -168,7 +168,9 @@ class MultiHeadLatentAttention(keras.layers.Layer):
     ((2, 16, 16), (2, 16, 4))
     """
 
-    ABSORB_MAX_QUERIES = 16
+    # Measured (benchmarks/latent_decode.py, torch CPU): absorbed 2.8-3.7x faster at T <= 8,
+    # slower from T = 16 on.
+    ABSORB_MAX_QUERIES = 8
 
     def __init__(self, num_heads: int, kv_lora_rank: int, qk_nope_head_dim: int,
                  qk_rope_head_dim: int, v_head_dim: int, q_lora_rank: int | None = None,
