@@ -15,7 +15,7 @@ Mapping (a torch `Linear` weight `W` `(out, in)` is the Keras kernel `W.T`):
 from typing import Any
 
 from keras_attn.convert import _common, families
-from keras_attn.convert._transformers_config import _as_dict, _refuse, check_fields
+from keras_attn.convert._transformers_config import _as_dict, check_fields
 from keras_attn.layers.latent_attention import MultiHeadLatentAttention
 
 __all__ = ["multi_head_latent_attention_from_transformers"]
@@ -110,10 +110,12 @@ def multi_head_latent_attention_from_transformers(
     module = families.family(config.get("model_type"))
     check_fields(config, module.MODEL_TYPE, module.FIELDS)
     read = getattr(module, "latent_attention", None)
-    if read is None:
-        _refuse("model_type", config.get("model_type"),
-                "its attention is not multi-head latent attention: convert it with "
-                "keras_attn.convert.multi_head_attention_from_transformers")
+    if read is None:  # the converters' wording (`_transformers_config._refuse`)
+        raise ValueError(
+            "config field `model_type` is not supported (its attention is not multi-head "
+            "latent attention: convert it with "
+            "keras_attn.convert.multi_head_attention_from_transformers). Received: "
+            f"model_type={config.get('model_type')!r}")
     num_layers, D, arguments = read(config)
     if isinstance(layer_index, bool) or not isinstance(layer_index, int) or not (
             0 <= layer_index < num_layers):
