@@ -220,3 +220,36 @@ def test_config_round_trip_and_keras_file(tmp_path):
     reloaded = keras.saving.load_model(path)
     np.testing.assert_array_equal(to_numpy(reloaded.predict_on_batch(x)), before)
     assert reloaded.layers[-1].decode == "absorbed"
+
+
+def test_generate_decodes_over_a_latent_cache_as_the_uncached_model_does():
+    """`keras_attn.generate` with a LatentCache (absorbed per-token steps inside its loop)
+    gives the greedy tokens of re-running the uncached model on the whole sequence."""
+    V, L, P = 11, 9, 3
+    embedding = keras.layers.Embedding(V, D, embeddings_initializer="normal")
+    layer, _ = _layer(q_lora_rank=5, rope_max_wavelength=100.0)
+    head = keras.layers.Dense(V, kernel_initializer=keras.initializers.RandomNormal(stddev=2.0))
+    prompt = np.array([[1, 4, 7], [2, 9, 3]], "int32")
+
+    def logits_of(ids, cache=None, index=None):
+        x = embedding(ids)
+        if cache is None:
+            return head(layer(x, use_causal_mask=True))
+        y, cache = layer(x, use_causal_mask=True, cache=cache, cache_update_index=index)
+        return head(y), cache
+
+    tokens = prompt
+    for _ in range(L - P):  # the uncached reference: the whole sequence every step
+        step = np.argmax(to_numpy(logits_of(tokens))[:, -1], axis=-1).astype("int32")
+        tokens = np.concatenate([tokens, step[:, None]], axis=1)
+    with observe_paths() as taken:
+        generated = keras_attn.generate(lambda ids, cache, index: logits_of(ids, cache, index),
+                                        prompt, L, layer.empty_cache(B, L))
+    np.testing.assert_array_equal(to_numpy(generated), tokens)
+    assert taken["latent_absorbed"] >= 2, dict(taken)  # the prefill and the traced step(s)
+    assert len(set(tokens[:, P:].ravel().tolist())) > 1  # not a constant sequence
+    # Ablation: the updated cache dropped (each step sees the empty cache and itself).
+    forgetful = keras_attn.generate(
+        lambda ids, cache, index: (logits_of(ids, cache, index)[0], cache),
+        prompt, L, layer.empty_cache(B, L))
+    assert (to_numpy(forgetful) != tokens).any()
