@@ -66,6 +66,20 @@ def test_the_uncached_forward_matches_the_float64_reference_on_every_path(varian
     assert_close(out, expected, what=f"{variant} {path}")
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_the_absorbed_form_without_a_cache_matches_the_reference_on_every_path(path):
+    """`decode="absorbed"` forces the absorbed form on any call: one key/value head of
+    width r + d_rope serving every query head, on each kernel path."""
+    layer, options = _layer(implementation=path, decode="absorbed",
+                            **VARIANTS["low_rank_query_yarn_scale_bias"])
+    x = _x(2)
+    with observe_paths() as taken:
+        out = layer(x, use_causal_mask=True)
+    assert taken[path] == 1 and taken["latent_absorbed"] == 1, dict(taken)
+    expected, _ = _reference(layer, x, options, is_causal=True)
+    assert_close(out, expected, what=f"absorbed {path}")
+
+
 @pytest.mark.parametrize("ablation", ["rope_interleaved", "scale", "no_kv_norm", "not_causal"])
 def test_ablations_move_the_output_far_past_the_tolerance(ablation):
     """Each option changes the numbers: the reference with it wrong is far from the layer."""
@@ -143,8 +157,9 @@ def test_scores_and_an_attention_mask_in_both_forms(decode):
     assert _relative(out, unmasked) > 1e-2  # the mask matters
 
 
-def test_the_absorbed_and_expanded_forms_agree_in_jit_compiled_decoding():
-    """A traced `cache_update_index` (a compiled step): both forms give the same rows."""
+def test_the_absorbed_and_expanded_forms_agree_with_a_tensor_index():
+    """A `cache_update_index` given as a tensor: both forms give the same rows (a compiled
+    loop traces it: `test_generate_decodes_over_a_latent_cache...`)."""
     layer, _ = _layer(q_lora_rank=5, rope_max_wavelength=100.0)
     x = _x(6)
     outputs = {}
