@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # what `__getattr__` resolves, for type checkers and the API 
     from keras_attn.cache import KVCache, empty_cache
     from keras_attn.generation import generate
     from keras_attn.layers.feed_forward import PositionwiseFeedForward
+    from keras_attn.layers.latent_attention import MultiHeadLatentAttention
     from keras_attn.layers.multi_head_attention import MultiHeadAttention
     from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
     from keras_attn.layers.transformer_encoder import TransformerEncoderLayer
@@ -62,6 +63,7 @@ _NAMES = {
     "CausalLM": "keras_attn.models.causal_lm",
     "KVCache": "keras_attn.cache",
     "MultiHeadAttention": "keras_attn.layers.multi_head_attention",
+    "MultiHeadLatentAttention": "keras_attn.layers.latent_attention",
     "PositionwiseFeedForward": "keras_attn.layers.feed_forward",
     "RopeSpec": "keras_attn.rope",
     "RotaryEmbedding": "keras_attn.rotary",
@@ -85,6 +87,7 @@ __all__ = [  # a literal list, for tools that read it statically (the names belo
     "CausalLM",
     "KVCache",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "PositionwiseFeedForward",
     "RopeSpec",
     "RotaryEmbedding",

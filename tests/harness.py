@@ -88,6 +88,11 @@ def _mha_reference(num_heads, **options):
 _MODERN = dict(num_key_value_heads=2, rope_max_wavelength=1e4, sliding_window=3,
                logit_soft_cap=20.0, qk_norm="rms")
 
+_LATENT = dict(num_heads=2, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=2,
+               v_head_dim=3, q_lora_rank=5, rope_max_wavelength=100.0, rope_type="yarn",
+               rope_scaling_factor=4.0, rope_original_max_position_embeddings=4,
+               rope_mscale=1.0, rope_mscale_all_dim=0.5, scale=0.5)
+
 CASES = {
     "mha": LayerCase(
         keras_attn.MultiHeadAttention, dict(num_heads=2, key_dim=4), _self(D),
@@ -128,6 +133,13 @@ CASES = {
                 num_key_value_heads=1, rope_max_wavelength=1e4)),
         keras_shapes={"inputs_shape": (B, T, D)}, expected_shape=(B, T, D),
         trainable_weights=9, cache="block"),
+    # Multi-head latent attention (DeepSeek V3): low-rank queries, yarn RoPE with mscale.
+    "latent": LayerCase(
+        keras_attn.MultiHeadLatentAttention, dict(_LATENT),
+        _self(D), lambda params, arrays: reference.multi_head_latent_attention(
+            params, arrays["query"], is_causal=True, **_LATENT)[0],
+        call=dict(use_causal_mask=True), keras_shapes={"query_shape": (B, T, D)},
+        expected_shape=(B, T, D), trainable_weights=7, cache="mha"),
     "feed_forward": LayerCase(
         keras_attn.PositionwiseFeedForward, dict(intermediate_dim=16, activation="silu", gated=True),
         lambda seed: {"inputs": randn(rng(seed), B, T, D)},

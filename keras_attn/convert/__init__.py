@@ -33,6 +33,7 @@ from keras_attn.convert.huggingface import (
     transformer_decoder_layer_from_llama,
 )
 from keras_attn.convert.keras import multi_head_attention_from_keras
+from keras_attn.convert.latent_attention import multi_head_latent_attention_from_transformers
 from keras_attn.convert.torch import (
     multi_head_attention_from_torch,
     transformer_decoder_layer_from_torch,
@@ -52,6 +53,7 @@ __all__ = [
     "multi_head_attention_from_llama",
     "multi_head_attention_from_torch",
     "multi_head_attention_from_transformers",
+    "multi_head_latent_attention_from_transformers",
     "transformer_decoder_layer_from_llama",
     "transformer_decoder_layer_from_torch",
     "transformer_decoder_layer_from_transformers",

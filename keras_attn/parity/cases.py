@@ -30,7 +30,8 @@ WEIGHT_SCALE = 0.5
 class Case:
     """One parity case.
 
-    kind: "sdpa", "mha", "ffn", "encoder" or "decoder".
+    kind: "sdpa", "mha", "ffn", "encoder", "decoder" or "mla" (multi-head latent
+        attention, self-attention on `query`).
     config: constructor arguments of the layer (or sdpa keyword arguments).
     shapes: name -> shape of each differentiable float input.
     masks: name -> a function of a NumPy Generator returning a bool array.
@@ -298,6 +299,30 @@ CASES = (
           "rope_type": "proportional", "rope_partial_rotary_factor": 0.5,
           "attention_k_eq_v": True, "use_value_norm": True},
          {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 2}),
+    # Multi-head latent attention (DeepSeek V2/V3): low-rank queries, yarn RoPE with
+    # mscale (interleaved), the softmax scale given; and cached decoding in both forms.
+    Case("mla_low_rank_yarn", "mla",
+         "MultiHeadLatentAttention: 2 heads, q_lora_rank 5, kv_lora_rank 6, nope 2 + rope 2, "
+         "v 3, yarn RoPE with mscale (interleaved), scale 0.6, causal",
+         {"num_heads": 2, "kv_lora_rank": 6, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2,
+          "v_head_dim": 3, "q_lora_rank": 5, "rope_max_wavelength": 100.0, "rope_type": "yarn",
+          "rope_scaling_factor": 4.0, "rope_original_max_position_embeddings": 2,
+          "rope_mscale": 1.0, "rope_mscale_all_dim": 0.5, "scale": 0.6},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    Case("mla_cached_absorbed", "mla",
+         "MultiHeadLatentAttention with a LatentCache, absorbed decoding: plain query "
+         "projection, bias, prefill 2 tokens, then 2 one-token steps",
+         {"num_heads": 2, "kv_lora_rank": 6, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2,
+          "v_head_dim": 3, "use_bias": True, "rope_max_wavelength": 100.0,
+          "decode": "absorbed"},
+         {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 2}),
+    Case("mla_cached_expanded", "mla",
+         "MultiHeadLatentAttention with a LatentCache, expanded decoding: q_lora_rank 5, "
+         "half-split RoPE, prefill 1 token, then 3 one-token steps",
+         {"num_heads": 2, "kv_lora_rank": 6, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2,
+          "v_head_dim": 3, "q_lora_rank": 5, "rope_max_wavelength": 100.0,
+          "rope_interleaved": False, "decode": "expanded"},
+         {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 1}),
 )
 
 # Constructor arguments that configure the attention itself (the reference takes them too):
@@ -371,6 +396,24 @@ def _ffn(prefix, dim, inter, output_dim=None, bias=True, gated=False):
     return shapes
 
 
+def _mla(dim, c):
+    """MultiHeadLatentAttention's weights (biases on query_a, key_value_a, output only)."""
+    H, r, rope = c["num_heads"], c["kv_lora_rank"], c["qk_rope_head_dim"]
+    d_qk, q_r, bias = c["qk_nope_head_dim"] + rope, c.get("q_lora_rank"), c.get("use_bias", False)
+    shapes = {}
+    if q_r is None:
+        shapes.update(_dense("query", dim, H * d_qk, False))
+    else:
+        shapes.update({**_dense("query_a", dim, q_r, bias), **_norm("query_a_norm", q_r, "rms"),
+                       **_dense("query_b", q_r, H * d_qk, False)})
+    shapes.update({**_dense("key_value_a", dim, r + rope, bias),
+                   **_norm("key_value_a_norm", r, "rms"),
+                   **_dense("key_value_b", r, H * (c["qk_nope_head_dim"] + c["v_head_dim"]),
+                            False),
+                   **_dense("output", H * c["v_head_dim"], c.get("output_dim") or dim, bias)})
+    return shapes
+
+
 def _norm(prefix, dim, kind="layer"):
     if kind == "rms":
         return {f"{prefix}/scale": (dim,)}
@@ -398,6 +441,8 @@ def weight_shapes(case):
     if case.kind == "ffn":
         return _ffn("", s["inputs"][-1], c["intermediate_dim"], c.get("output_dim"), bias,
                     c.get("gated", False))
+    if case.kind == "mla":
+        return _mla(s["query"][-1], c)
     d = s["inputs"][-1]
     head = c.get("key_dim") or d // c["num_heads"]
     norm = c.get("normalization", "layer")

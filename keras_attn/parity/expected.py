@@ -41,6 +41,11 @@ def reference_forward(case, inputs, masks, weights):
             is_causal=call.get("use_causal_mask", False), **_attention_options(c))[0]
     if case.kind == "ffn":
         return reference.feed_forward(params, inputs["inputs"], c.get("activation", "relu"))
+    if case.kind == "mla":
+        options = {k: v for k, v in c.items() if k not in ("use_bias", "decode")}
+        return reference.multi_head_latent_attention(
+            params, inputs["query"], mask=masks.get("attention_mask"),
+            is_causal=call.get("use_causal_mask", False), **options)[0]
     common = dict(num_heads=c["num_heads"], padding_mask=masks.get("padding_mask"),
                   attention_mask=masks.get("attention_mask"),
                   normalize_first=c.get("normalize_first", False),

@@ -49,6 +49,9 @@ def _build(case, dtype):
     if case.kind == "mha":
         layer = keras_attn.MultiHeadAttention(**case.config, dtype=policy)
         layer.build(s["query"], value_shape=s.get("value", s.get("key")), key_shape=s.get("key"))
+    elif case.kind == "mla":
+        layer = keras_attn.MultiHeadLatentAttention(**case.config, dtype=policy)
+        layer.build(s["query"])
     elif case.kind == "ffn":
         layer = keras_attn.PositionwiseFeedForward(**case.config, dtype=policy)
         layer.build(s["inputs"])
@@ -100,6 +103,9 @@ def _forward(case, layer, dtype, inputs, masks):
                      use_causal_mask=call.get("use_causal_mask", False))
     if case.kind == "ffn":
         return layer(inputs["inputs"])
+    if case.kind == "mla":
+        return layer(inputs["query"], attention_mask=masks.get("attention_mask"),
+                     use_causal_mask=call.get("use_causal_mask", False))
     kwargs = {n: masks[n] for n in masks}
     if case.kind == "encoder":
         return layer(inputs["inputs"], use_causal_mask=call.get("use_causal_mask", False),
@@ -115,11 +121,18 @@ def _cached_forward(case, layer, inputs, masks):
     for a causal layer they equal the uncached forward over all T tokens.
     """
     ops = keras.ops
-    x = inputs["query" if case.kind == "mha" else "inputs"]
+    x = inputs["query" if case.kind in ("mha", "mla") else "inputs"]
     B, T = x.shape[0], x.shape[1]
     prefill = case.call["cached_prefill"]
     bounds = [(0, prefill)] + [(t, t + 1) for t in range(prefill, T)]
     outputs = []
+    if case.kind == "mla":  # a LatentCache: self-attention only
+        cache = layer.empty_cache(B, T)
+        for start, end in bounds:
+            out, cache = layer(x[:, start:end], cache=cache, cache_update_index=start,
+                               use_causal_mask=case.call.get("use_causal_mask", False))
+            outputs.append(out)
+        return ops.concatenate(outputs, axis=1)
     if case.kind == "mha":
         cache = layer.empty_cache(B, T)
         for start, end in bounds:

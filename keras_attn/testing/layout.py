@@ -16,6 +16,9 @@ __all__ = ["LAYOUT"]
 LAYOUT = {
     "MultiHeadAttention": {"dense": ("query", "key", "value", "gate", "output"),
                            "norms": ("query_norm", "key_norm"), "weights": ("sinks",)},
+    "MultiHeadLatentAttention": {"dense": ("query", "query_a", "query_b", "key_value_a",
+                                           "key_value_b", "output"),
+                                 "norms": ("query_a_norm", "key_value_a_norm")},
     "PositionwiseFeedForward": {"dense": ("gate", "intermediate", "output")},
     "TransformerEncoderLayer": {"blocks": ("self_attention", "feed_forward"),
                                 "norms": ("post_attention_norm", "post_feed_forward_norm")},

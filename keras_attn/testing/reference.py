@@ -30,6 +30,7 @@ __all__ = [
     "feed_forward",
     "layer_norm",
     "multi_head_attention",
+    "multi_head_latent_attention",
     "numerical_gradient",
     "rms_norm",
     "rope_inverse_frequencies",
@@ -389,3 +390,65 @@ def decoder_layer(
     ffn = lambda h: feed_forward(params["feed_forward"], h, activation_name)  # noqa: E731
     return _sublayer(x, ffn, params["feed_forward_norm"], epsilon,
                      normalize_first, params.get("post_feed_forward_norm"), residual_scale)
+
+
+def multi_head_latent_attention(
+    params, query, num_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
+    q_lora_rank=None, mask=None, is_causal=False, layer_norm_epsilon=1e-6,
+    rope_max_wavelength=10000.0, rope_scaling_factor=1.0, rope_interleaved=True, scale=None,
+    rope_type="default", **rope_parameters,
+):
+    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Section 2.1), written
+    from the paper's Eq. 9-19 in its expanded form: every head's keys and values
+    decompressed from the latent.
+
+    params: dense layers `query` (no low-rank query) or `query_a`, `query_b` with the RMS
+    norm `query_a_norm`; `key_value_a`, `key_value_b`, `output`, and the RMS norm
+    `key_value_a_norm`. With d_qk = nope + rope: the query of head h is columns
+    `[h d_qk, (h + 1) d_qk)` of the query projection, its first `qk_nope_head_dim`
+    unrotated; `key_value_a` gives `[c, k_rope]` (c `kv_lora_rank` wide, normalised),
+    `key_value_b` of c gives head h's `[k_nope, v]` in columns
+    `[h (nope + v), (h + 1) (nope + v))`; the key of head h is `[k_nope_h,
+    RoPE(k_rope)]`, the RoPE key shared by the heads. Self-attention: positions
+    `0 .. T - 1`. `q_lora_rank` None: the plain `query` projection (else its width).
+    `scale` None: `1 / sqrt(d_qk)`. Other `rope_<name>` options go to
+    `rope_inverse_frequencies`. Returns `(B, T, out)` and the weights `(B, H, T, T)`.
+    """
+    unknown = [n for n in rope_parameters if not n.startswith("rope_")]
+    if unknown:
+        raise TypeError(f"reference.multi_head_latent_attention got unknown arguments {unknown}")
+    x = np.asarray(query, np.float64)
+    B, T, _ = x.shape
+    H, nope, rope_dim, r = num_heads, qk_nope_head_dim, qk_rope_head_dim, kv_lora_rank
+    if ("query" in params) != (q_lora_rank is None):
+        raise ValueError(f"q_lora_rank={q_lora_rank} disagrees with the params {sorted(params)}")
+    if q_lora_rank is None:
+        q = dense(x, params["query"])
+    else:
+        q = dense(rms_norm(dense(x, params["query_a"]), params["query_a_norm"],
+                           layer_norm_epsilon), params["query_b"])
+    q = _split_heads(q, H)  # (B, H, T, d_qk)
+    compressed = dense(x, params["key_value_a"])  # (B, T, r + rope)
+    c = rms_norm(compressed[..., :r], params["key_value_a_norm"], layer_norm_epsilon)
+    k_rope = compressed[..., r:][:, None]  # (B, 1, T, rope)
+    kv = _split_heads(dense(c, params["key_value_b"]), H)  # (B, H, T, nope + v)
+    k_nope, v = kv[..., :nope], kv[..., nope:]
+    q_nope, q_rope = q[..., :nope], q[..., nope:]
+    if rope_max_wavelength is not None:
+        rope = dict(max_wavelength=rope_max_wavelength, scaling_factor=rope_scaling_factor,
+                    interleaved=rope_interleaved, rope_type=rope_type,
+                    **{n[len("rope_"):]: value for n, value in rope_parameters.items()})
+        q_rope = rotary_embedding(q_rope, np.arange(T), **rope)
+        k_rope = rotary_embedding(k_rope, np.arange(T), **rope)
+    q = np.concatenate([q_nope, q_rope], axis=-1)
+    k = np.concatenate([k_nope, np.broadcast_to(k_rope, (B, H, T, rope_dim))], axis=-1)
+    if scale is None:
+        scale = 1.0 / math.sqrt(nope + rope_dim)
+    if mask is not None:
+        mask = np.asarray(mask, bool)
+        if mask.ndim == 3:
+            mask = mask[:, None]  # (B, 1, T, S)
+    out, weights = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                                scale=scale)
+    out = out.transpose(0, 2, 1, 3).reshape(B, T, H * v_head_dim)
+    return dense(out, params["output"]), weights

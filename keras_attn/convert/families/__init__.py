@@ -26,13 +26,30 @@ is first asked for.
 
 import importlib
 
-__all__ = ["family", "model_types"]
+__all__ = ["REFUSED", "family", "model_types"]
 
 # model_type -> module (in keras_attn.convert.families).
 _MODULES = {name: name for name in (
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
     "starcoder2", "gemma", "phi3", "granite", "ministral", "smollm3", "glm4",
-    "ministral3", "gpt_oss", "gemma4_text")}
+    "ministral3", "gpt_oss", "gemma4_text", "deepseek_v3")}
+
+
+# model_type -> why it is refused (known to keras_attn, deliberately not converted).
+REFUSED = {
+    "deepseek_v32": (
+        "DeepSeek V3.2's sparse attention keeps the index_topk keys of its indexer's ReLU'd "
+        "scores, which tie at exactly 0; torch.topk breaks the ties in an order that depends "
+        "on the sequence length, so transformers 5.24's own model is not prefix-consistent "
+        "(appending tokens changed earlier logits by up to 0.88 relative with index_topk=4, "
+        "7e-7 without the ties: tools/deepseek_v32_prefix_consistency.py); keras_attn does "
+        "not reproduce an unspecified tie order. Its attention without the indexer is "
+        "deepseek_v3's"),
+    "deepseek_v4": (
+        "DeepSeek V4's compressed sparse and heavily compressed attention (compress_rates, "
+        "an indexer over compressed blocks, hyper-connections) are not multi-head latent "
+        "attention and are not reproduced"),
+}
 
 
 def model_types():
@@ -42,6 +59,9 @@ def model_types():
 
 def family(model_type):
     """The family module of `model_type`; a `ValueError` naming it when unsupported."""
+    if isinstance(model_type, str) and model_type in REFUSED:
+        raise ValueError(f"config field `model_type` is not supported ({REFUSED[model_type]}). "
+                         f"Received: model_type={model_type!r}")
     if not isinstance(model_type, str) or model_type not in _MODULES:
         raise ValueError(
             f"config field `model_type` is not supported (keras_attn converts "
