@@ -1,10 +1,13 @@
 """keras_attn models and layers from Hugging Face `transformers` decoder-only LMs, read from their configs.
 
 Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
-`gemma2`, `gemma3_text`, `starcoder2`, `gemma`, `phi3`, `granite`, `ministral` and
-`smollm3` (and `gpt_oss`'s attention: its blocks' mixture of experts is refused), each
-a module of `keras_attn.convert.families` (its fields, its spec, and its own weight names
-renamed or split into the Llama layout mapped below).
+`gemma2`, `gemma3_text`, `gemma4_text`, `starcoder2`, `gemma`, `phi3`, `granite`,
+`ministral`, `ministral3`, `glm4` and `smollm3` (and the attention of `gpt_oss` and
+`deepseek_v3`: their blocks' mixture of experts is refused by name; `deepseek_v32` and
+`deepseek_v4` are refused as `families.REFUSED` says), each a module of
+`keras_attn.convert.families` (its fields, its spec, and its own weight names renamed or
+split into the Llama layout mapped below). `deepseek_v3`'s latent attention converts one
+layer at a time through `keras_attn.convert.latent_attention`.
 transformers is never imported: configs are
 read through `to_dict()` (or are plain dicts, a `config.json`), tensors
 through `keras_attn.convert._common.to_numpy`. The config's fields are
