@@ -28,6 +28,7 @@ from keras_attn._validation import (
     check_rank,
 )
 from keras_attn.attention import attend_heads, combine_masks
+from keras_attn.latent_cache import LatentCache
 from keras_attn.layers import _keras_compat as compat
 from keras_attn.layers import _projection as projection
 from keras_attn.options import expose_options, pop_options
@@ -48,7 +49,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
     Every head's keys and values are expanded from one compressed latent per
     position (r = `kv_lora_rank` wide), and every head shares one RoPE key
     (`qk_rope_head_dim` wide); a cache holds only those two
-    (`keras_attn.cache.LatentCache`). For a query position t and head h:
+    (`keras_attn.latent_cache.LatentCache`). For a query position t and head h:
 
         q_h = [q_nope_h, RoPE(q_rope_h)]   (from x W_q, or q_b(RMSNorm(q_a(x))))
         [c, k_rope] = x W_kv_a              (c: the latent, r wide; k_rope shared)
@@ -140,7 +141,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         attention_mask: bool or integer, broadcastable to `(B, T, S)` or
             `(B, H, T, S)`; True = may attend (S = S_max with a cache).
         use_causal_mask: query i attends keys `j <= i + (S - T)`.
-        cache: a `keras_attn.cache.LatentCache` (`layer.empty_cache`), or None.
+        cache: a `keras_attn.latent_cache.LatentCache` (`layer.empty_cache`), or None.
         cache_update_index: where the T new positions are written, an int or
             scalar int tensor in `[0, S_max - T]`; positions (RoPE, causal)
             follow it, unwritten slots are never attended.
@@ -266,9 +267,10 @@ class MultiHeadLatentAttention(keras.layers.Layer):
              cache_update_index=None, return_attention_scores=False, training=None, mask=None):
         check_rank("query", query, 3, "(B, T, D)")
         check_floating("query", query)
-        if cache is not None and not isinstance(cache, kv_cache.LatentCache):
+        if cache is not None and not isinstance(cache, LatentCache):
             raise ValueError(
-                "`cache` of a MultiHeadLatentAttention must be a `keras_attn.cache.LatentCache` "
+                "`cache` of a MultiHeadLatentAttention must be a "
+                "`keras_attn.latent_cache.LatentCache` "
                 f"(`layer.empty_cache(B, S_max)`). Received: cache of type {type(cache).__name__}")
         kv_cache.check_index_has_cache(cache, cache_update_index)
         if cache is not None and cache_update_index is None:
@@ -381,7 +383,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         return projection.rope(keys, positions, self.options)
 
     def empty_cache(self, batch_size, max_length, dtype=None, *, as_kv_cache=True):
-        """A zero `keras_attn.cache.LatentCache`: latent `(B, S_max, r)` and RoPE keys
+        """A zero `keras_attn.latent_cache.LatentCache`: latent `(B, S_max, r)` and RoPE keys
         `(B, S_max, d_rope)`, in `dtype` (default the layer's compute dtype).
 
         `as_kv_cache` must stay True: the latent cache is a `KVCache` subclass and has no
@@ -391,7 +393,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
             raise ValueError(
                 "A multi-head latent attention cache is a `LatentCache` (a `KVCache`): it has "
                 "no keras-hub (B, 2, S_max, H_kv, d) tensor form. Received: as_kv_cache=False")
-        return kv_cache.LatentCache.empty(batch_size, max_length, self.kv_lora_rank,
+        return LatentCache.empty(batch_size, max_length, self.kv_lora_rank,
                                           self.qk_rope_head_dim, dtype or self.compute_dtype)
 
     def cache_bytes_per_token(self, dtype=None):

@@ -117,7 +117,7 @@ class _Counter:
 
 
 def _write_arrays(path, cases):
-    from keras_attn.parity.cases import case_arrays
+    from keras_attn.parity.arrays import case_arrays
 
     arrays, per_case = {}, {}
     for case in cases:

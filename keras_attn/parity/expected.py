@@ -7,7 +7,8 @@ it, so nothing here shares code with the layers it checks.
 
 import numpy as np
 
-from keras_attn.parity.cases import _attention_options, cotangent, has_gradients
+from keras_attn.parity.arrays import cotangent
+from keras_attn.parity.cases import _attention_options, has_gradients
 from keras_attn.testing import reference
 
 __all__ = ["reference_forward", "reference_result"]

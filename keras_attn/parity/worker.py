@@ -27,7 +27,8 @@ import numpy as np
 
 import keras_attn
 from keras_attn import _device
-from keras_attn.parity.cases import cotangent, get_cases, has_gradients
+from keras_attn.parity.arrays import cotangent
+from keras_attn.parity.cases import get_cases, has_gradients
 from keras_attn.testing.weights import named_variables
 
 NO_GPU_EXIT = 2

@@ -12,7 +12,8 @@ import pytest
 
 import keras_attn
 from keras_attn import observe_paths
-from keras_attn.cache import KVCache, LatentCache
+from keras_attn.cache import KVCache
+from keras_attn.latent_cache import LatentCache
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from .. import reference
