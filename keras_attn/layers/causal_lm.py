@@ -5,6 +5,7 @@ Keras as `keras_attn>CausalLM`, so `.keras` files saved before the move load;
 the generate loop's helpers, which share its state).
 """
 
-from keras_attn.models.causal_lm import CausalLM, loops_of, set_step_tracer, traced_step_of
+from keras_attn.models._generate_loop import loops_of, set_step_tracer, traced_step_of
+from keras_attn.models.causal_lm import CausalLM
 
 __all__ = ["CausalLM", "loops_of", "set_step_tracer", "traced_step_of"]
