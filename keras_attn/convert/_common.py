@@ -11,8 +11,8 @@ from collections.abc import Mapping
 import keras
 import numpy as np
 
-__all__ = ["MHA_DERIVED", "StateDict", "assign", "check_kwargs", "check_num_heads", "dense_plan",
-           "mha_plan", "norm_plan", "shape_text", "to_numpy"]
+__all__ = ["MHA_DERIVED", "StateDict", "assign", "check_kwargs", "check_num_heads", "cross_check",
+           "dense_plan", "mha_plan", "norm_plan", "shape_text", "to_numpy"]
 
 # Arguments of keras_attn.MultiHeadAttention the converters derive from the weights;
 # passing them in **kwargs is an error.
@@ -155,6 +155,18 @@ class StateDict:
                 "state_dict has unexpected entries "
                 f"{', '.join(self.key(n) for n in extra)}, which the converted layer has no "
                 "weights for (an unsupported option of the source module, or the wrong `prefix`).")
+
+
+def cross_check(entries, name, shape, expected, fields):
+    """Entry `name` of `entries` (a `StateDict`) with `shape`, else a `ValueError` naming it,
+    both shapes and the config `fields` they come from (`expected`: its letters, "(V, D)")."""
+    array = entries.rank(name, len(shape), expected)
+    if array.shape != tuple(shape):
+        raise ValueError(
+            f"The config and the weights disagree: {fields} give {expected} = "
+            f"{shape_text(shape)} for state_dict entry {entries.key(name)}, which has "
+            f"shape {shape_text(array.shape)}.")
+    return array
 
 
 def check_kwargs(kwargs, derived, source):

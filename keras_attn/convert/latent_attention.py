@@ -21,17 +21,6 @@ from keras_attn.layers.latent_attention import MultiHeadLatentAttention
 __all__ = ["multi_head_latent_attention_from_transformers"]
 
 
-def _checked(entries, name, shape, letters, fields):
-    """Entry `name` with `shape`; `fields` name the config fields it comes from."""
-    array = entries.rank(name, len(shape), letters)
-    if array.shape != tuple(shape):
-        raise ValueError(
-            f"The config and the weights disagree: {fields} give {letters} = "
-            f"{_common.shape_text(shape)} for state_dict entry {entries.key(name)}, which has "
-            f"shape {_common.shape_text(array.shape)}.")
-    return array
-
-
 def _plan(entries, layer, D):
     """Check every entry of the attention module against the layer's sizes; the assignments."""
     H, r, d_rope = layer.num_heads, layer.kv_lora_rank, layer.qk_rope_head_dim
@@ -60,10 +49,10 @@ def _plan(entries, layer, D):
                f"{width}, num_attention_heads={H}, v_head_dim={d_v}", layer.use_bias)]
     plan = []
     for name, dense, shape, letters, fields, has_bias in parts:
-        w = _checked(entries, f"{name}.weight", shape, letters, fields)
+        w = _common.cross_check(entries, f"{name}.weight", shape, letters, fields)
         b = None
         if has_bias:
-            b = _checked(entries, f"{name}.bias", shape[:1], letters.split(",")[0] + ",)",
+            b = _common.cross_check(entries, f"{name}.bias", shape[:1], letters.split(",")[0] + ",)",
                          f"attention_bias=True, {fields}")
         elif entries.has(f"{name}.bias"):
             why = ("the config has attention_bias=False" if name not in ("q_proj", "q_b_proj",
@@ -76,7 +65,7 @@ def _plan(entries, layer, D):
         norms.insert(0, ("q_a_layernorm", layer.query_a_norm, layer.q_lora_rank,
                          f"q_lora_rank={layer.q_lora_rank}"))
     for name, norm, size, fields in norms:
-        w = _checked(entries, f"{name}.weight", (size,), "(width,)", fields)
+        w = _common.cross_check(entries, f"{name}.weight", (size,), "(width,)", fields)
         plan.append((norm.scale, w, f"{name} weight"))
     return plan
 

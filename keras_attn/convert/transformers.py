@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from keras_attn.convert import _common, families
+from keras_attn.convert._common import cross_check as _cross_check
 from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
 from keras_attn.layers._common import gelu_approximate
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
@@ -51,17 +52,6 @@ from keras_attn.models.causal_lm import CausalLM
 __all__ = ["causal_lm_from_transformers", "family_table",
            "multi_head_attention_from_transformers",
            "transformer_decoder_layer_from_transformers"]
-
-
-def _cross_check(entries, name, shape, expected, fields):
-    """Entry `name` must have `shape`; `expected` names the config fields it comes from."""
-    array = entries.rank(name, len(shape), expected)
-    if array.shape != tuple(shape):
-        raise ValueError(
-            f"The config and the weights disagree: {fields} give {expected} = "
-            f"{_common.shape_text(shape)} for state_dict entry {entries.key(name)}, which has "
-            f"shape {_common.shape_text(array.shape)}.")
-    return array
 
 
 def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check):
