@@ -95,3 +95,16 @@ def run_in_own_group(command, *, timeout, **kwargs):
             proc.communicate()
             raise
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def assert_greedy_over_uncached(lm, tokens, prompt_length):
+    """`tokens` `(B, L)` (a prompt of `prompt_length` and what `lm.generate` appended) are
+    greedy decoding by full uncached forwards: token n is the argmax of the forward over
+    the first n tokens, read from one causal forward over the first L - 1 (position n - 1
+    sees exactly those; one forward per prefix compiles a shape each on JAX). For a
+    model that is not prefix-consistent (longrope's switch) check per prefix instead."""
+    tokens = np.asarray(tokens)
+    logits = to_numpy(lm(tokens[:, :-1]))
+    for n in range(prompt_length, tokens.shape[1]):
+        np.testing.assert_array_equal(tokens[:, n], logits[:, n - 1].argmax(-1),
+                                      err_msg=f"token {n}")

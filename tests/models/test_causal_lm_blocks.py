@@ -18,7 +18,7 @@ from ..custom_sublayers import (
     mean_attention_reference,
     tanh_feed_forward_reference,
 )
-from ..helpers import UNCACHED, assert_close, to_numpy
+from ..helpers import UNCACHED, assert_close, assert_greedy_over_uncached, to_numpy
 
 V, D, B, P = 40, 8, 2, 5
 
@@ -80,11 +80,8 @@ def test_cached_generate_with_factory_attention_is_greedy_over_the_uncached_mode
     randomize_weights(lm, seed=3, scale=1.0)
     prompt = np.random.default_rng(4).integers(0, V, (B, P))
     tokens = to_numpy(lm.generate(prompt, max_length=P + 4))
-    expected = prompt
-    for _ in range(4):  # greedy decoding by full uncached forwards
-        nxt = to_numpy(lm(expected))[:, -1].argmax(-1)
-        expected = np.concatenate([expected, nxt[:, None]], 1)
-    np.testing.assert_array_equal(tokens, expected)
+    np.testing.assert_array_equal(tokens[:, :P], prompt)
+    assert_greedy_over_uncached(lm, tokens, P)  # greedy decoding by full uncached forwards
 
 
 def test_generate_needs_a_cache_in_every_block():
