@@ -146,6 +146,13 @@ CASES = {
         lambda params, arrays: reference.feed_forward(params, arrays["inputs"], "silu"),
         keras_shapes={"input_shape": (B, T, D)}, expected_shape=(B, T, D), trainable_weights=6,
         attends=False),
+    # The mixture of experts has its own references (tests/layers/test_mixture_of_experts.py).
+    "mixture_of_experts": LayerCase(
+        keras_attn.MixtureOfExperts, dict(num_experts=4, num_experts_per_tok=2,
+                                          intermediate_dim=6),
+        lambda seed: {"inputs": randn(rng(seed), B, T, D)}, None,
+        keras_shapes={"input_shape": (B, T, D)}, expected_shape=(B, T, D), trainable_weights=4,
+        attends=False),
     # RoPE has its own references (tests/layers/test_rotary_types.py); here Keras's checks only.
     "rotary": LayerCase(
         keras_attn.RotaryEmbedding, dict(max_wavelength=100.0, interleaved=True),
