@@ -11,6 +11,10 @@ tensor-parallel plan, written for the weight names of every keras_attn layer:
 - row-parallel (kernel split on `in`, bias replicated, since it is added
   after the partial products are summed): the attention's and the FFN's
   `output_dense`;
+- expert-parallel (split on the expert axis, axis 0): `MixtureOfExperts`'
+  `gate_kernel`, `intermediate_kernel` `(E, D, F)` and `output_kernel` `(E, F, D)`,
+  each device holding E / M whole experts; its router is replicated. A layer whose
+  `num_experts` is not divisible by M keeps its experts replicated;
 - everything else is replicated: LayerNorms (`*_norm/gamma`, `*_norm/beta`),
   embeddings, and any weight the map does not name.
 
@@ -47,11 +51,13 @@ import re
 
 import keras
 
-__all__ = ["COLUMN_PARALLEL", "ROW_PARALLEL", "get_layout_map"]
+__all__ = ["COLUMN_PARALLEL", "EXPERT_PARALLEL", "ROW_PARALLEL", "get_layout_map"]
 
 # Sublayer names (public API, see DESIGN.md) and how their kernels split.
 COLUMN_PARALLEL = ("query_dense", "key_dense", "value_dense", "intermediate_dense", "gate_dense")
 ROW_PARALLEL = ("output_dense",)
+# Weights of a mixture of experts stacked on their first axis, E (split across experts).
+EXPERT_PARALLEL = ("gate_kernel", "intermediate_kernel", "output_kernel")
 _KEY_VALUE = ("key_dense", "value_dense")
 
 # A weight path is `outer/.../<sublayer>/<weight>` (Functional, Sequential and
@@ -137,10 +143,20 @@ class _LayoutMap(keras.distribution.LayoutMap):
             return self._replicated[kind, weight] if sublayer in _KEY_VALUE else default
         return default if divisor % self._model_size == 0 else self._replicated[kind, weight]
 
+    def expert_layout_for(self, owner, default):
+        """The layout of an expert weight of `owner`: split if its `num_experts` divides
+        the model axis, else (or when `owner` is not known) replicated."""
+        experts = getattr(owner, "num_experts", None)
+        if isinstance(experts, int) and experts % self._model_size == 0:
+            return default
+        return self._replicated["expert", "kernel"]
+
     def __getitem__(self, key):
         if key in self._layout_map:
             return self._layout_map[key]
         layout = super().__getitem__(key)
+        if layout is not None and _EXPERT_WEIGHT.fullmatch(key):
+            return self.expert_layout_for(_layer_at(key.rsplit("/", 1)[0]), layout)
         match = _WEIGHT.fullmatch(key)
         if layout is None or match is None:
             return layout
@@ -149,6 +165,28 @@ class _LayoutMap(keras.distribution.LayoutMap):
 
 _WEIGHT = re.compile(_PREFIX + "(?P<sublayer>" + "|".join(COLUMN_PARALLEL + ROW_PARALLEL)
                      + ")/(?P<weight>kernel|bias)")
+
+
+_EXPERT_WEIGHT = re.compile(_PREFIX + "(?:" + "|".join(EXPERT_PARALLEL) + ")")
+
+
+def _layer_at(path):
+    """The layer at `path` among the layers on Keras's name-scope stack (and their
+    sublayers), or None: the owner of a weight it creates itself (`add_weight`)."""
+    try:
+        from keras.src.backend.common import global_state
+
+        stack = global_state.get_global_attribute("name_scope_stack") or []
+    except Exception:  # pragma: no cover - a Keras without these internals
+        return None
+    for scope in reversed(stack):
+        caller = getattr(scope, "caller", None)
+        if not isinstance(caller, keras.layers.Layer):
+            continue
+        for layer in caller._flatten_layers(include_self=True, recursive=True):
+            if layer.path == path:
+                return layer
+    return None
 
 
 def _owner_being_built(path):
@@ -275,6 +313,7 @@ def get_layout_map(device_mesh: keras.distribution.DeviceMesh, model_axis: str =
         ("row", "kernel"): (None, data_axis),
         ("column", "bias"): (None,),
         ("row", "bias"): (None,),
+        ("expert", "kernel"): (None, None, None),
     }
     layout_map = _LayoutMap(device_mesh, model_size, {
         key: keras.distribution.TensorLayout(axes, device_mesh)
@@ -283,6 +322,7 @@ def get_layout_map(device_mesh: keras.distribution.DeviceMesh, model_axis: str =
     layout_map[_path_regex(COLUMN_PARALLEL, "bias")] = (model_axis,)
     layout_map[_path_regex(ROW_PARALLEL, "kernel")] = (model_axis, data_axis)
     layout_map[_path_regex(ROW_PARALLEL, "bias")] = (None,)
+    layout_map[_EXPERT_WEIGHT.pattern] = (model_axis, None, None)
     # LayerNorm weights (`*_norm/gamma|beta`) and everything else: no rule,
     # so ModelParallel replicates them.
 
@@ -296,4 +336,10 @@ def get_layout_map(device_mesh: keras.distribution.DeviceMesh, model_axis: str =
                 if rule is not None:
                     layout_map[variable.path] = layout_map.layout_for(
                         owner, name, weight, rule)
+        for owner in model._flatten_layers(include_self=True, recursive=True):
+            for name in EXPERT_PARALLEL:
+                variable = getattr(owner, name, None)
+                if isinstance(variable, keras.Variable):
+                    rule = keras.distribution.LayoutMap.__getitem__(layout_map, variable.path)
+                    layout_map[variable.path] = layout_map.expert_layout_for(owner, rule)
     return layout_map

@@ -78,7 +78,12 @@ _ROW = {"kernel": ("model", None), "bias": (None,)}
 def _expected_spec(path, strategy, kv_replicated=False):
     """The tensor-parallel plan of docs/guides/scaling-out.md, written out per weight name."""
     sublayer, weight = path.split("/")[-2:]
+    if weight in ("gate_kernel", "intermediate_kernel", "output_kernel"):  # (E, ., .)
+        split = strategy == "model" and not kv_replicated
+        return ("model", None, None) if split else (None, None, None)
     ndim = 2 if weight == "kernel" else 1
+    if sublayer == "router":
+        return (None,) * ndim
     if strategy == "data" or sublayer.endswith("_norm"):
         return (None,) * ndim
     if kv_replicated and sublayer in ("key_dense", "value_dense"):
@@ -106,6 +111,10 @@ def _case(name):
     if name == "ffn":
         return (lambda: keras_attn.PositionwiseFeedForward(F, activation="gelu", name="ffn"),
                 [x], lambda layer, a: layer(a))
+    if name in ("moe", "moe_uneven"):  # 8 experts split 2 per device; 6 do not divide 4
+        experts = 8 if name == "moe" else 6
+        return (lambda: keras_attn.MixtureOfExperts(experts, 2, F // 4, name=name),
+                [x], lambda layer, a: layer(a))
     if name == "encoder":
         return (lambda: keras_attn.TransformerEncoderLayer(H, intermediate_dim=F, name="enc"),
                 [x], lambda layer, a: layer(a))
@@ -123,8 +132,12 @@ def _loss_fn(layer, call, cotangent):
 
 
 @needs_8
-@pytest.mark.parametrize("strategy", ["data", "model"])
-@pytest.mark.parametrize("name", ["mha", "mha_gqa_rope", "mha_mqa", "ffn", "encoder", "decoder"])
+# Every layer under both strategies; the mixture of experts under ModelParallel only (its
+# data-parallel run is the feed-forward's: no weight of it is laid out differently).
+@pytest.mark.parametrize("name, strategy", [
+    (name, strategy) for name in ("mha", "mha_gqa_rope", "mha_mqa", "ffn", "encoder",
+                                  "decoder")
+    for strategy in ("data", "model")] + [("moe", "model"), ("moe_uneven", "model")])
 def test_sharded_layer_matches_single_device(name, strategy):
     make, inputs, call = _case(name)
     keras.utils.set_random_seed(0)
@@ -142,7 +155,7 @@ def test_sharded_layer_matches_single_device(name, strategy):
         call(layer, *sharded_inputs)  # build
         layer.set_weights(single.get_weights())
         specs = {w.path: _spec(w) for w in layer.weights}
-        replicated = name in ("mha_gqa_rope", "mha_mqa")
+        replicated = name in ("mha_gqa_rope", "mha_mqa", "moe_uneven")
         assert specs == {w.path: _expected_spec(w.path, strategy, replicated)
                          for w in layer.weights}
         assert tuple(sharded_inputs[0].sharding.spec)[0] == "batch"
