@@ -17,6 +17,7 @@ TINY = dict(vocab_size=16, hidden_size=8, intermediate_size=12, num_hidden_layer
             num_attention_heads=2, num_key_value_heads=1)
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("config, field", [
     # transformers 5.24 derives layer_types from an int pattern only.
     ({"model_type": "exaone4", "sliding_window": 4, "sliding_window_pattern": "LLLG"},
@@ -34,6 +35,7 @@ def test_a_config_field_it_cannot_reproduce_is_refused_by_name(config, field):
         convert.causal_lm_from_transformers({**TINY, **config}, {})
 
 
+@pytest.mark.backend_independent
 def test_exaone4_layer_types_from_the_pattern_and_global_nope():
     from keras_attn.convert._transformers_config import read_config
 
