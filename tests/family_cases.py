@@ -30,6 +30,11 @@ _COMMON = dict(vocab_size=V, hidden_size=D, intermediate_size=F, num_attention_h
 # "norm_offset" takes 1 from every RMSNorm scale (forgetting Gemma's `1 + w`),
 # "qk_norm_ones" sets the qk-norm scales to 1 (ignoring q_norm / k_norm), "zero_weights"
 # zeroes the kernels of the layers named in `changes["names"]`.
+# The post-norm families' tiny sizes (V 64, D 32) and their ablation: the same norms
+# before the sublayers (the post norms' weights become the input norms': same order).
+_TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48)
+_PRE_NORM = {"where": "all", "use_input_norm": True, "use_post_attention_norm": False,
+             "use_post_ffw_norm": False}
 CASES = {
     "llama": ("LlamaConfig", dict(num_hidden_layers=2, tie_word_embeddings=False,
                                   rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
@@ -167,6 +172,23 @@ CASES = {
                                             "rope_theta": 1e6}}),
         21, ("per-layer inputs dropped (per_layer_projection zeroed)", "zero_weights",
              {"names": ("per_layer_projection",)})),
+    # The norm after the sublayer only (no input norm): OLMo 2 (full-width qk-norm), OLMo 3
+    # (a sliding and a full block, a RoPE per layer type), EXAONE 4 (per-head qk-norm, no
+    # RoPE on its full block). Their ablation moves the post norms before the sublayers.
+    "olmo2": ("Olmo2Config", dict(_TINY, num_hidden_layers=2, attention_bias=True,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+              22, ("post norms -> pre norms", "config", _PRE_NORM)),
+    "olmo3": ("Olmo3Config", dict(
+        _TINY, num_hidden_layers=2, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1e3}}),
+              23, ("post norms -> pre norms", "config", _PRE_NORM)),
+    "exaone4": ("Exaone4Config", dict(
+        _TINY, num_hidden_layers=2, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+              24, ("post norms -> pre norms", "config", _PRE_NORM)),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,

@@ -101,6 +101,9 @@ class ModelSpec:
     layer_scalar: bool = False  # each layer's output times its `layer_scalar` weight (Gemma 4)
     per_layer_input_dim: int | None = None  # P of the per-layer input embeddings (Gemma 4)
     per_layer_vocabulary_size: int | None = None  # their vocabulary (Gemma 4), None: V
+    # False: no norm before the sublayers (no `input_layernorm`), only
+    # `post_attention_layernorm` / `post_feedforward_layernorm` after them (OLMo 2, EXAONE 4).
+    input_norms: bool = True
 
     def layer_head_dim(self, index):
         """d of layer `index` (its own, or the model's `head_dim`)."""

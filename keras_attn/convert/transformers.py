@@ -2,7 +2,8 @@
 
 Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
 `gemma2`, `gemma3_text`, `gemma4_text`, `starcoder2`, `gemma`, `phi3`, `granite`,
-`ministral`, `ministral3`, `glm4` and `smollm3` (and the attention of `gpt_oss` and
+`ministral`, `ministral3`, `glm4`, `smollm3`, `olmo2`, `olmo3` and `exaone4` (and the
+attention of `gpt_oss` and
 `deepseek_v3`: their blocks' mixture of experts is refused by name; `deepseek_v32` and
 `deepseek_v4` are refused as `families.REFUSED` says), each a module of
 `keras_attn.convert.families` (its fields, its spec, and its own weight names renamed or
@@ -27,7 +28,10 @@ Mapping (`W` a torch `Linear` weight `(out, in)`, a Keras kernel is `W.T`):
 `post_attention_layernorm` to `feed_forward_norm`, Gemma's (four norms) map
 it to `post_attention_norm`, `pre_feedforward_layernorm` to
 `feed_forward_norm` and `post_feedforward_layernorm` to
-`post_feed_forward_norm`. Gemma's RMSNorms multiply by `1 + w`: the stored
+`post_feed_forward_norm`; OLMo 2's and EXAONE 4's (no `input_layernorm`) map
+`post_attention_layernorm` to `post_attention_norm` and `post_feedforward_layernorm` to
+`post_feed_forward_norm` of a block with `use_input_norm=False`; OLMo 2's full-width
+`q_norm` / `k_norm` are `(H * d,)` / `(H_kv * d,)`. Gemma's RMSNorms multiply by `1 + w`: the stored
 `w` becomes the Keras scale `1 + w`. Gemma 4's `layer_scalar` (a buffer) maps to the
 block's `layer_scalar`, its per-layer input weights (`per_layer_input_gate`,
 `per_layer_projection`, `post_per_layer_input_norm`; the model's
@@ -119,8 +123,13 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
                          f"sinks, but state_dict has {entries.key(sub + 'sinks')}.")
     if spec.qk_norm:
         norms = [("q", layer.query_norm)] + ([] if shared else [("k", layer.key_norm)])
+        full = bool(getattr(layer, "qk_norm_full_width", False))  # OLMo 2: over H * d
         for part, norm in norms:
-            w = check(entries, f"{sub}{part}_norm.weight", (d,), "(d,)", f"head_dim={d}")
+            shape, letters, what = (d,), "(d,)", f"head_dim={d}"
+            if full:
+                shape, letters, what = ((H * d,), "(H * d,)", heads) if part == "q" else (
+                    (H_kv * d,), "(H_kv * d,)", kv_heads)
+            w = check(entries, f"{sub}{part}_norm.weight", shape, letters, what)
             plan.append((norm.scale, w + spec.norm_offset, f"{part}_norm weight"))
     return plan
 
@@ -147,8 +156,10 @@ def _block(spec: ModelSpec, index, name=None, dtype=None):
         activation=gelu_approximate if spec.activation == "gelu_approximate" else spec.activation,
         layer_norm_epsilon=spec.epsilon, use_bias=spec.mlp_bias,
         attention_use_bias=spec.qkv_bias, attention_output_use_bias=spec.output_bias,
-        feed_forward_use_bias=spec.mlp_bias, use_post_attention_norm=spec.sandwich_norms,
-        use_post_ffw_norm=spec.sandwich_norms, attention_dropout=spec.attention_dropout,
+        feed_forward_use_bias=spec.mlp_bias,
+        use_post_attention_norm=spec.sandwich_norms or not spec.input_norms,
+        use_post_ffw_norm=spec.sandwich_norms or not spec.input_norms,
+        attention_dropout=spec.attention_dropout,
         name=name, dtype=dtype, **_block_options(spec), **spec.layers[index].attention)
 
 
@@ -161,6 +172,8 @@ def _block_options(spec):
         options["use_layer_scalar"] = True
     if spec.per_layer_input_dim:
         options["hidden_size_per_layer_input"] = spec.per_layer_input_dim
+    if not spec.input_norms:
+        options["use_input_norm"] = False
     return options
 
 
@@ -239,6 +252,9 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
                   ("post_feedforward_layernorm", block.post_feed_forward_norm)]
     else:
         norms += [("post_attention_layernorm", block.feed_forward_norm)]
+    if not spec.input_norms:  # OLMo 2's block: the norms after the sublayers only
+        norms = [("post_attention_layernorm", block.post_attention_norm),
+                 ("post_feedforward_layernorm", block.post_feed_forward_norm)]
     for norm_name, norm in norms:
         plan += _norm_plan(entries, spec, norm, sub + norm_name, check)
     P = spec.per_layer_input_dim

@@ -44,6 +44,16 @@ class TransformerLayerBase(keras.layers.Layer):
     gives the default self-attention Keras's gated output (`MultiHeadAttention`'s
     `use_gate`: `attended * sigmoid(query W_g + b_g)`, arXiv 2505.06708, Qwen3-Next;
     a decoder's cross-attention stays ungated).
+
+    `use_input_norm` (keyword, default True): False removes the norms before the
+    sublayers (`self_attention_norm`, `feed_forward_norm` and a decoder's
+    `cross_attention_norm` are not made), so that with the post norms the block is
+    `x + N_post(f(x))` per sublayer (OLMo 2 and 3, EXAONE 4: transformers'
+    `post_attention_layernorm` / `post_feedforward_layernorm` are the only norms of
+    those layers). It needs `normalize_first=True` (in a post-LN block the input norm
+    is the only norm, after the residual) and both `use_post_attention_norm` and
+    `use_post_ffw_norm` (a sublayer with no norm at all is not a block shape any
+    model uses); anything else is a `ValueError` naming the three.
     """
 
     # Whether the block has a default cross-attention that the attention arguments other
@@ -83,6 +93,7 @@ class TransformerLayerBase(keras.layers.Layer):
         feed_forward: keras.layers.Layer | Callable | dict | None = None,
         residual_scale: float | None = None,
         use_gate: bool = False,
+        use_input_norm: bool = True,
         **kwargs,
     ) -> None:
         if args:
@@ -164,6 +175,21 @@ class TransformerLayerBase(keras.layers.Layer):
         if not isinstance(use_gate, bool):
             raise ValueError(f"`use_gate` must be a bool. Received: use_gate={use_gate!r}")
         self.use_gate = use_gate
+        if not isinstance(use_input_norm, bool):
+            raise ValueError("`use_input_norm` must be a bool. "
+                             f"Received: use_input_norm={use_input_norm!r}")
+        if not use_input_norm and not (self.normalize_first and self.use_post_attention_norm
+                                       and self.use_post_ffw_norm):
+            # Without its input norm a block keeps only its post norms: a post-LN block
+            # (whose one norm is the input norm's slot) or a missing post norm would leave
+            # a sublayer unnormalised, which no model does.
+            raise ValueError(
+                "`use_input_norm=False` (x + N_post(f(x)), OLMo 2's block) needs "
+                "`normalize_first=True`, `use_post_attention_norm=True` and "
+                "`use_post_ffw_norm=True`. Received: use_input_norm=False, "
+                f"normalize_first={self.normalize_first}, use_post_attention_norm="
+                f"{self.use_post_attention_norm}, use_post_ffw_norm={self.use_post_ffw_norm}")
+        self.use_input_norm = use_input_norm
         # Made now (the config holds them before the block is built), and attached as
         # `self_attention` / `feed_forward` in `build`, where the defaults are: the block's
         # weights then come in the default's order (`get_weights`, `set_weights`).
@@ -221,7 +247,7 @@ class TransformerLayerBase(keras.layers.Layer):
         else:
             self.self_attention = self._attention(
                 "self_attention", inputs_shape[-1], inputs_shape, inputs_shape)
-        self.self_attention_norm = self._norm("self_attention_norm", inputs_shape)
+        self.self_attention_norm = self._input_norm("self_attention_norm", inputs_shape)
         self.post_attention_norm = self._post_norm(
             self.use_post_attention_norm, "post_attention_norm", inputs_shape)
         self.self_attention_dropout = self._dropout("self_attention_dropout")
@@ -233,7 +259,7 @@ class TransformerLayerBase(keras.layers.Layer):
             self.feed_forward = build_given(self._given.feed_forward, inputs_shape)
         else:
             self.feed_forward = self._feed_forward(inputs_shape)
-        self.feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
+        self.feed_forward_norm = self._input_norm("feed_forward_norm", inputs_shape)
         self.post_feed_forward_norm = self._post_norm(
             self.use_post_ffw_norm, "post_feed_forward_norm", inputs_shape)
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
@@ -244,6 +270,11 @@ class TransformerLayerBase(keras.layers.Layer):
         layer = cls(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name)
         layer.build(input_shape)
         return layer
+
+    def _input_norm(self, name, input_shape):
+        """A norm of a sublayer's input (pre-LN; post-LN: of the residual sum), or None
+        with `use_input_norm=False`."""
+        return self._norm(name, input_shape) if self.use_input_norm else None
 
     def _post_norm(self, used, name, input_shape):
         """A norm of a sublayer's output before the residual add, or None."""
@@ -306,7 +337,7 @@ class TransformerLayerBase(keras.layers.Layer):
         (scores, caches) or a tensor; returns `(x, extras)`.
         """
         residual = x
-        if self.normalize_first:
+        if self.normalize_first and norm is not None:  # None: `use_input_norm=False`
             x = norm(x)
         y = sublayer(x)
         y, extras = (y[0], y[1:]) if isinstance(y, tuple) else (y, ())
@@ -361,6 +392,8 @@ class TransformerLayerBase(keras.layers.Layer):
             config["feed_forward"] = keras.saving.serialize_keras_object(self._given.feed_forward)
         if self.residual_scale is not None:
             config["residual_scale"] = self.residual_scale
+        if not self.use_input_norm:  # absent when True: default configs are today's
+            config["use_input_norm"] = False
         if self.use_gate:  # absent when False: older configs load, default configs are today's
             config["use_gate"] = True
         return config

@@ -36,8 +36,9 @@ class TransformerDecoderLayer(TransformerLayerBase):
     `rope_type` and its `rope_*` parameters), `normalization`, `use_bias`,
     `gated_feed_forward`, `implementation` and `attention_dropout` (both
     attention sublayers), the biases per projection `attention_use_bias`,
-    `attention_output_use_bias`, `feed_forward_use_bias`, and the sandwich
-    norms `use_post_attention_norm`, `use_post_ffw_norm`; `attention`,
+    `attention_output_use_bias`, `feed_forward_use_bias`, the sandwich
+    norms `use_post_attention_norm`, `use_post_ffw_norm` and `use_input_norm`
+    (False: no norms before the sublayers, `x + N_post(f(x))`, OLMo 2); `attention`,
     `feed_forward`, `residual_scale` and `use_gate` (the self-attention's
     gate only) as there too; and `use_layer_scalar`
     (keyword, decoder only): a weight `layer_scalar` `(1,)`, ones at first,
@@ -164,7 +165,7 @@ class TransformerDecoderLayer(TransformerLayerBase):
             memory_shape = check_rank("memory", memory_shape, 3, "(B, S, D_m)")
             self.cross_attention = self._attention(
                 "cross_attention", model_dim, inputs_shape, memory_shape, self_attention=False)
-            self.cross_attention_norm = self._norm("cross_attention_norm", inputs_shape)
+            self.cross_attention_norm = self._input_norm("cross_attention_norm", inputs_shape)
             self.cross_attention_dropout = self._dropout("cross_attention_dropout")
             self.post_cross_attention_norm = self._post_norm(
                 self.use_post_attention_norm, "post_cross_attention_norm", inputs_shape)

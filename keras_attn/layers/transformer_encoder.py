@@ -97,6 +97,14 @@ class TransformerEncoderLayer(TransformerLayerBase):
             `self_attention.gate_dense`; arXiv 2505.06708, Qwen3-Next). A
             decoder's cross-attention is not gated. In the config only when
             True; with a given `attention` it must stay False.
+        use_input_norm: False (keyword) removes the norms before the
+            sublayers, so the block is `x = x + Drop(N_post(f(x)))` per
+            sublayer (OLMo 2 and 3, EXAONE 4: transformers'
+            `post_attention_layernorm` and `post_feedforward_layernorm` are
+            their only norms); `self_attention_norm`, `feed_forward_norm`
+            (`cross_attention_norm`) are then not made. Needs
+            `normalize_first=True` and both post norms (else a `ValueError`
+            naming them). In the config only when False.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Sublayers: `self_attention` (`keras_attn.MultiHeadAttention`, or the given

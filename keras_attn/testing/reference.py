@@ -322,6 +322,8 @@ def _sublayer(x, fn, norm_params, epsilon, normalize_first, post_params=None,
         inner = fn
         fn = lambda h: _norm(inner(h), post_params, epsilon)  # noqa: E731
     s = 1.0 if residual_scale is None else float(residual_scale)
+    if norm_params is None:  # no input norm (`use_input_norm=False`): x + s * post(fn(x))
+        return x + s * fn(x)
     if normalize_first:
         return x + s * fn(_norm(x, norm_params, epsilon))
     return _norm(x + s * fn(x), norm_params, epsilon)
@@ -359,7 +361,9 @@ def decoder_layer(
     params as for the encoder, plus `cross_attention` and
     `cross_attention_norm` when `memory` is given, and the sandwich norms
     `post_attention_norm`, `post_cross_attention_norm`,
-    `post_feed_forward_norm` when present. `attention_options` go to
+    `post_feed_forward_norm` when present; without `self_attention_norm`,
+    `cross_attention_norm`, `feed_forward_norm` (a block with
+    `use_input_norm=False`) a sublayer is `x + post(f(x))`. `attention_options` go to
     the self-attention only; cross-attention stays plain multi-head.
     `residual_scale` s multiplies every residual branch.
     """
@@ -373,7 +377,7 @@ def decoder_layer(
             is_causal=is_causal, **(attention_options or {}),
         )[0]
 
-    x = _sublayer(x, attend, params["self_attention_norm"], epsilon,
+    x = _sublayer(x, attend, params.get("self_attention_norm"), epsilon,
                   normalize_first, params.get("post_attention_norm"), residual_scale)
     if memory is not None:
         memory = np.asarray(memory, np.float64)
@@ -385,10 +389,10 @@ def decoder_layer(
                 num_heads=num_heads, mask=cross_mask,
             )[0]
 
-        x = _sublayer(x, cross, params["cross_attention_norm"], epsilon,
+        x = _sublayer(x, cross, params.get("cross_attention_norm"), epsilon,
                       normalize_first, params.get("post_cross_attention_norm"), residual_scale)
     ffn = lambda h: feed_forward(params["feed_forward"], h, activation_name)  # noqa: E731
-    return _sublayer(x, ffn, params["feed_forward_norm"], epsilon,
+    return _sublayer(x, ffn, params.get("feed_forward_norm"), epsilon,
                      normalize_first, params.get("post_feed_forward_norm"), residual_scale)
 
 
