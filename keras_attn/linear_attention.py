@@ -34,7 +34,7 @@ def l2norm(x, axis=-1, eps=1e-6):
     return x * ops.rsqrt(ops.sum(x * x, axis=axis, keepdims=True) + eps)
 
 
-def _prepare(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel, scale):
+def _prepare(query, key, value, g, beta, initial_state, *, use_qk_l2norm_in_kernel, scale):
     """Checks, then everything as `(B, H, T, ...)` in the compute dtype (float32, or
     float64 for float64 inputs), q and k repeated to the value heads, q scaled."""
     qs, ks, vs = static_shape(query), static_shape(key), static_shape(value)
@@ -93,7 +93,8 @@ def recurrent_gated_delta_rule(query, key, value, g, beta, initial_state=None, *
     record_path("recurrent")
     out_dtype = dtype_of(value)
     q, k, v, g, beta, state = _prepare(query, key, value, g, beta, initial_state,
-                                       use_qk_l2norm_in_kernel, scale)
+                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                       scale=scale)
 
     def step(s, xs):
         q_t, k_t, v_t, g_t, b_t = xs  # (B, H, d) and (B, H)
@@ -143,7 +144,8 @@ def chunk_gated_delta_rule(query, key, value, g, beta, initial_state=None, *, ch
     record_path("chunked")
     out_dtype = dtype_of(value)
     q, k, v, g, beta, state = _prepare(query, key, value, g, beta, initial_state,
-                                       use_qk_l2norm_in_kernel, scale)
+                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                       scale=scale)
     length = static_shape(v)[2]
     if length is None:
         raise ValueError("`chunk_gated_delta_rule` needs a static length T to pad it to "

@@ -47,7 +47,7 @@ class RecurrentCache(collections.namedtuple("RecurrentCache",
 
     @classmethod
     def empty(cls, batch_size: int, conv_dim: int, conv_kernel_size: int, num_heads: int,
-              key_dim: int, value_dim: int, dtype: str = "float32") -> "RecurrentCache":
+              key_dim: int, value_dim: int, *, dtype: str = "float32") -> "RecurrentCache":
         """Zeros: conv state `(B, conv_dim, K - 1)`, recurrent state `(B, H, d_k, d_v)`."""
         batch_size = check_positive_int("batch_size", batch_size)
         conv_dim = check_positive_int("conv_dim", conv_dim)

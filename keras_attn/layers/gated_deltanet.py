@@ -151,7 +151,7 @@ class GatedDeltaNet(keras.layers.Layer):
         state whatever the weights' dtype)."""
         return RecurrentCache.empty(batch_size, self.conv_dim, self.linear_conv_kernel_dim,
                                     self.linear_num_value_heads, self.linear_key_head_dim,
-                                    self.linear_value_head_dim, dtype)
+                                    self.linear_value_head_dim, dtype=dtype)
 
     def cache_bytes_per_sequence(self, dtype="float32"):
         """Bytes of one sequence's `RecurrentCache`: `C (K - 1) + H d_k d_v` numbers,

@@ -161,3 +161,15 @@ def test_state_bytes_do_not_grow_with_the_sequence():
     layer.build((None, None, D))
     # conv C (K - 1) = 14 * 3, state H d_k d_v = 2 * 4 * 3: 66 float32 numbers per sequence.
     assert layer.cache_bytes_per_sequence() == 4 * (14 * 3 + 2 * 4 * 3)
+
+
+def test_saved_file_reloads_to_the_same_numbers(tmp_path):
+    """A `.keras` file of a model around the layer reloads (config, weights) to the same
+    output; this is the test to run under JAX and TensorFlow."""
+    w, x = _weights(6), _inputs(7)
+    inputs = keras.Input((T, D))
+    model = keras.Model(inputs, _layer(w)(inputs))
+    path = tmp_path / "gated_deltanet.keras"
+    model.save(path)
+    again = keras.saving.load_model(path)
+    assert_close(again(x), _reference(w, x), what="reloaded")
