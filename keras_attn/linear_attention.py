@@ -97,19 +97,22 @@ def recurrent_gated_delta_rule(query, key, value, g, beta, initial_state=None, *
                                        scale=scale)
 
     def step(s, xs):
-        q_t, k_t, v_t, g_t, b_t = xs  # (B, H, d) and (B, H)
+        k_t, v_t, g_t, b_t = xs  # (B, H, d) and (B, H)
         s = s * ops.exp(g_t)[..., None, None]
         predicted = ops.einsum("bhkv,bhk->bhv", s, k_t)
         delta = (v_t - predicted) * b_t[..., None]
         s = s + ops.einsum("bhk,bhv->bhkv", k_t, delta)
-        return s, ops.einsum("bhkv,bhk->bhv", s, q_t)
+        return s, s
 
-    xs = tuple(ops.moveaxis(x, 2, 0) for x in (q, k, v, g, beta))  # the tokens lead
+    q, *xs = (ops.moveaxis(x, 2, 0) for x in (q, k, v, g, beta))  # the tokens lead
     if static_shape(value)[1] == 1:  # one decode step: no loop to build
-        state, out = step(state, tuple(x[0] for x in xs))
-        out = out[None]
+        state, states = step(state, tuple(x[0] for x in xs))
+        states = states[None]
     else:
-        state, out = ops.scan(step, state, xs)
+        # The scan's per-step outputs are the states (Keras's TensorFlow scan wants them
+        # shaped like the carry); the readout is one product outside the loop.
+        state, states = ops.scan(step, state, tuple(xs))
+    out = ops.einsum("tbhkv,tbhk->tbhv", states, q)
     return ops.cast(ops.moveaxis(out, 0, 1), out_dtype), state
 
 
@@ -177,13 +180,16 @@ def chunk_gated_delta_rule(query, key, value, g, beta, initial_state=None, *, ch
     chunk_decay = ops.exp(cum[..., -1])[..., None, None]
 
     def step(s, xs):
-        u_i, w_i, q_i, k_i, a_i, d_i = xs
+        u_i, w_i, k_i, d_i = xs
         v_new = u_i - ops.matmul(w_i, s)  # the part the old state does not predict
-        out = ops.matmul(q_i, s) + ops.matmul(a_i, v_new)
-        s = s * d_i + ops.matmul(ops.swapaxes(k_i, -1, -2), v_new)
-        return s, out
+        return s * d_i + ops.matmul(ops.swapaxes(k_i, -1, -2), v_new), s
 
-    state, out = ops.scan(step, state, (u, w, q_decayed, k_decayed, intra, chunk_decay))
+    # The scan carries the state and yields the state before each chunk (as FLA's chunk
+    # kernel keeps `h` per chunk; Keras's TensorFlow scan wants outputs shaped like the
+    # carry); each chunk's output is then a batched product over the chunks.
+    state, before = ops.scan(step, state, (u, w, k_decayed, chunk_decay))
+    v_new = u - ops.matmul(w, before)
+    out = ops.matmul(q_decayed, before) + ops.matmul(intra, v_new)
     out = ops.moveaxis(out, 0, 2)  # (B, H, N, C, d_v)
     shape = static_shape(out)
     out = ops.reshape(out, (-1, shape[1], num_chunks * chunk_size, shape[4]))
