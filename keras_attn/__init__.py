@@ -49,11 +49,11 @@ if TYPE_CHECKING:  # what `__getattr__` resolves, for type checkers and the API 
     from keras_attn.generation import generate
     from keras_attn.layers.feed_forward import PositionwiseFeedForward
     from keras_attn.layers.gated_deltanet import GatedDeltaNet
-    from keras_attn.linear_attention import chunk_gated_delta_rule, recurrent_gated_delta_rule
     from keras_attn.layers.latent_attention import MultiHeadLatentAttention
     from keras_attn.layers.multi_head_attention import MultiHeadAttention
     from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
     from keras_attn.layers.transformer_encoder import TransformerEncoderLayer
+    from keras_attn.linear_attention import chunk_gated_delta_rule, recurrent_gated_delta_rule
     from keras_attn.models.causal_lm import CausalLM
     from keras_attn.options import AttentionOptions
     from keras_attn.recurrent_cache import RecurrentCache

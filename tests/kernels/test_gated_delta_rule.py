@@ -20,7 +20,8 @@ from ..helpers import assert_close
 B, T, H_K, H, D_K, D_V = 2, 7, 1, 2, 4, 3
 
 # The forward numerics are keras.ops written once: they run on torch and numpy (the CI
-# budget); JAX and TensorFlow run the gradients through the chunked form, compiled with jax.jit on JAX (that test below).
+# budget); JAX and TensorFlow run the gradients through the chunked form (jax.jit on
+# JAX): the test below.
 cheap_backends = pytest.mark.skipif(keras.backend.backend() in ("jax", "tensorflow"),
                                     reason="forward numerics checked on torch and numpy")
 
