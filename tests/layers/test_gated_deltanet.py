@@ -184,4 +184,5 @@ def test_saved_file_reloads_to_the_same_numbers(tmp_path):
     path = tmp_path / "gated_deltanet.keras"
     model.save(path)
     again = keras.saving.load_model(path)
-    assert_close(again(x), _reference(w, x), what="reloaded")
+    # predict: one compiled program (JAX compiles each eager op once per shape).
+    assert_close(again.predict(x, verbose=0), _reference(w, x), what="reloaded")
