@@ -48,13 +48,16 @@ if TYPE_CHECKING:  # what `__getattr__` resolves, for type checkers and the API 
     from keras_attn.cache import KVCache, empty_cache
     from keras_attn.generation import generate
     from keras_attn.layers.feed_forward import PositionwiseFeedForward
+    from keras_attn.layers.gated_deltanet import GatedDeltaNet
     from keras_attn.layers.latent_attention import MultiHeadLatentAttention
     from keras_attn.layers.mixture_of_experts import MixtureOfExperts
     from keras_attn.layers.multi_head_attention import MultiHeadAttention
     from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
     from keras_attn.layers.transformer_encoder import TransformerEncoderLayer
+    from keras_attn.linear_attention import chunk_gated_delta_rule, recurrent_gated_delta_rule
     from keras_attn.models.causal_lm import CausalLM
     from keras_attn.options import AttentionOptions
+    from keras_attn.recurrent_cache import RecurrentCache
     from keras_attn.rope import RopeSpec
     from keras_attn.rotary import RotaryEmbedding, rotary_embedding
 
@@ -62,6 +65,10 @@ if TYPE_CHECKING:  # what `__getattr__` resolves, for type checkers and the API 
 _NAMES = {
     "AttentionOptions": "keras_attn.options",
     "CausalLM": "keras_attn.models.causal_lm",
+    "GatedDeltaNet": "keras_attn.layers.gated_deltanet",
+    "RecurrentCache": "keras_attn.recurrent_cache",
+    "chunk_gated_delta_rule": "keras_attn.linear_attention",
+    "recurrent_gated_delta_rule": "keras_attn.linear_attention",
     "KVCache": "keras_attn.cache",
     "MultiHeadAttention": "keras_attn.layers.multi_head_attention",
     "MixtureOfExperts": "keras_attn.layers.mixture_of_experts",
@@ -87,17 +94,20 @@ _SUBMODULES = ("cache", "config", "convert", "distribution", "generation", "laye
 __all__ = [  # a literal list, for tools that read it statically (the names below)
     "AttentionOptions",
     "CausalLM",
+    "GatedDeltaNet",
     "KVCache",
     "MixtureOfExperts",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
     "PositionwiseFeedForward",
+    "RecurrentCache",
     "RopeSpec",
     "RotaryEmbedding",
     "TransformerDecoderLayer",
     "TransformerEncoderLayer",
     "cache",
     "causal_mask",
+    "chunk_gated_delta_rule",
     "combine_masks",
     "config",
     "convert",
@@ -110,6 +120,7 @@ __all__ = [  # a literal list, for tools that read it statically (the names belo
     "observe_paths",
     "options",
     "padding_mask",
+    "recurrent_gated_delta_rule",
     "register",
     "rope",
     "rotary_embedding",

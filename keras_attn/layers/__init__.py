@@ -1,6 +1,7 @@
 """The keras_attn layers, one module each."""
 
 from keras_attn.layers.feed_forward import PositionwiseFeedForward
+from keras_attn.layers.gated_deltanet import GatedDeltaNet
 from keras_attn.layers.latent_attention import MultiHeadLatentAttention
 from keras_attn.layers.mixture_of_experts import MixtureOfExperts
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
@@ -9,6 +10,7 @@ from keras_attn.layers.transformer_encoder import TransformerEncoderLayer
 
 __all__ = [
     "CausalLM",
+    "GatedDeltaNet",
     "MixtureOfExperts",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",

@@ -19,7 +19,8 @@ MAX_POSITIONAL = 6
 # options, shapes and checks, RoPE, the cache and the decode loop).
 BELOW_LAYERS = ("attention.py", "_kernels", "_policy.py", "_masks.py", "options.py",
                 "_shapes.py", "_validation.py", "rotary.py", "cache.py", "_cache_rules.py",
-                "generation.py", "_spec.py", "rope_spec.py")
+                "generation.py", "_spec.py", "rope_spec.py", "linear_attention.py",
+                "recurrent_cache.py")
 CONTRACT = {"attention.py:scaled_dot_product_attention", "rotary.py:rotary_embedding",
             "rotary.py:__init__"}  # RotaryEmbedding.__init__
 
