@@ -167,6 +167,13 @@ CASES = {
                                             "rope_theta": 1e6}}),
         21, ("per-layer inputs dropped (per_layer_projection zeroed)", "zero_weights",
              {"names": ("per_layer_projection",)})),
+    # Cohere 2: the parallel block (one LayerNorm without bias), interleaved RoPE on the
+    # sliding blocks only (none on the full ones), tied embeddings, logits * logit_scale.
+    "cohere2": ("Cohere2Config", dict(
+        num_hidden_layers=2, sliding_window=6, layer_norm_eps=1e-5, logit_scale=0.25,
+        rms_norm_eps=DROP, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        22, ("sequential block instead of parallel", "sequential", {})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -215,6 +222,21 @@ def ablate(lm, name):
                       "no_rope": block["config"]["rope_max_wavelength"] is None}[where]
             if chosen:
                 block["config"].update(changes)
+    if kind == "sequential":  # the same weights, the one norm before each sublayer in turn
+        for block in config["blocks"]:
+            block["config"]["use_parallel_residual"] = False
+        new = CausalLM.from_config(config)
+
+        def key(model, path):  # the path below the model (built or loaded, named or not)
+            return path[len(model.name) + 1:] if path.startswith(model.name + "/") else path
+
+        old = {key(lm, v.path): v for v in lm.weights}
+        for v in new.weights:
+            path = key(new, v.path)
+            if path not in old:  # the sequential block's second norm: the shared one
+                path = path.replace("feed_forward_norm", "self_attention_norm")
+            v.assign(old[path])
+        return new
     new = CausalLM.from_config(config)
     new.set_weights(lm.get_weights())
     for layer in new._flatten_layers(include_self=False, recursive=True):

@@ -101,6 +101,8 @@ class ModelSpec:
     layer_scalar: bool = False  # each layer's output times its `layer_scalar` weight (Gemma 4)
     per_layer_input_dim: int | None = None  # P of the per-layer input embeddings (Gemma 4)
     per_layer_vocabulary_size: int | None = None  # their vocabulary (Gemma 4), None: V
+    # x + attn(N(x)) + mlp(N(x)), one norm (`input_layernorm`) per block (Cohere 2)
+    parallel_residual: bool = False
 
     def layer_head_dim(self, index):
         """d of layer `index` (its own, or the model's `head_dim`)."""

@@ -161,6 +161,8 @@ def _block_options(spec):
         options["use_layer_scalar"] = True
     if spec.per_layer_input_dim:
         options["hidden_size_per_layer_input"] = spec.per_layer_input_dim
+    if spec.parallel_residual:
+        options["use_parallel_residual"] = True
     return options
 
 
@@ -237,7 +239,7 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
         norms += [("post_attention_layernorm", block.post_attention_norm),
                   ("pre_feedforward_layernorm", block.feed_forward_norm),
                   ("post_feedforward_layernorm", block.post_feed_forward_norm)]
-    else:
+    elif not spec.parallel_residual:  # the parallel block's one norm is input_layernorm
         norms += [("post_attention_layernorm", block.feed_forward_norm)]
     for norm_name, norm in norms:
         plan += _norm_plan(entries, spec, norm, sub + norm_name, check)

@@ -196,6 +196,9 @@ REFUSED = [
                                         "original_max_position_embeddings": 4,
                                         "llama_4_scaling_beta": 0.1, "factor": 2.0}},
      "rope_parameters['factor']"),
+    # Cohere 2's head width is D / H (transformers' config sets it so).
+    ("cohere2", {"head_dim": 8}, "head_dim"),
+    ("cohere2", {"layer_types": ["full_attention"]}, "layer_types"),
 ]
 
 
