@@ -174,6 +174,14 @@ CASES = {
         rms_norm_eps=DROP, layer_types=["sliding_attention", "full_attention"],
         rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
         22, ("sequential block instead of parallel", "sequential", {})),
+    # GPT-2: learned absolute positions (wpe, n_positions rows), no RoPE, fused c_attn,
+    # Conv1D weights, LayerNorm and biases everywhere, gelu_new, a tied head.
+    "gpt2": ("GPT2Config", dict(
+        num_hidden_layers=2, n_inner=F, activation_function="gelu_new",
+        layer_norm_epsilon=1e-5, intermediate_size=DROP, num_key_value_heads=DROP,
+        rms_norm_eps=DROP),
+        24, ("positions dropped (position_embedding zeroed)", "zero_weights",
+             {"names": ("position_embedding",)})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -193,6 +201,9 @@ def config_kwargs(name, small=False):
             kwargs["sliding_window"] = 4
         if "query_pre_attn_scalar" in kwargs:
             kwargs["query_pre_attn_scalar"] = 12
+        for key, value in CASES[name][1].items():  # the family has no such field
+            if value is DROP:
+                kwargs.pop(key, None)
     params = kwargs.get("rope_parameters")
     if isinstance(params, dict) and params.get("rope_type") == "longrope":
         head_dim = kwargs.get("head_dim") or kwargs["hidden_size"] // kwargs["num_attention_heads"]
@@ -249,7 +260,9 @@ def ablate(lm, name):
     if kind == "zero_weights":
         for layer in new._flatten_layers(include_self=False, recursive=True):
             if layer.name in changes["names"]:
-                layer.kernel.assign(np.zeros(tuple(layer.kernel.shape), "float32"))
+                weight = (layer.embeddings if isinstance(layer, keras.layers.Embedding)
+                          else layer.kernel)
+                weight.assign(np.zeros(tuple(weight.shape), "float32"))
     return new
 
 

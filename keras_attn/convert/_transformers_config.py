@@ -103,6 +103,8 @@ class ModelSpec:
     per_layer_vocabulary_size: int | None = None  # their vocabulary (Gemma 4), None: V
     # x + attn(N(x)) + mlp(N(x)), one norm (`input_layernorm`) per block (Cohere 2)
     parallel_residual: bool = False
+    # N, the rows of a learned absolute position table (GPT-2's `wpe`), or None: none
+    position_embeddings: int | None = None
 
     def layer_head_dim(self, index):
         """d of layer `index` (its own, or the model's `head_dim`)."""

@@ -176,6 +176,8 @@ def _model_options(spec):
         options["hidden_size_per_layer_input"] = spec.per_layer_input_dim
         if spec.per_layer_vocabulary_size is not None:
             options["vocab_size_per_layer_input"] = spec.per_layer_vocabulary_size
+    if spec.position_embeddings:
+        options["max_position_embeddings"] = spec.position_embeddings
     return options
 
 
@@ -422,6 +424,11 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
         **_model_options(spec), **kwargs)
     plan = [(lm.token_embedding.embeddings, embedding, "model.embed_tokens weight")]
     plan += _per_layer_embedding_plan(entries, spec, lm)
+    if spec.position_embeddings:  # learned absolute positions (GPT-2's wpe)
+        N = spec.position_embeddings
+        table = _cross_check(entries, "model.embed_positions.weight", (N, D), "(N, D)",
+                             f"max_position_embeddings={N}, {sizes}")
+        plan.append((lm.position_embedding.embeddings, table, "model.embed_positions weight"))
     for i, block in enumerate(lm.blocks):
         plan += _block_plan(entries, spec, block, f"model.layers.{i}.")
     plan += _norm_plan(entries, spec, lm.final_norm, "model.norm")

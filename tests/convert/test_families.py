@@ -158,7 +158,7 @@ REFUSED = [
                                    "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
     ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ("llama", {"hidden_act": "relu"}, "hidden_act"),
-    ("llama", {"model_type": "gpt2"}, "model_type"),
+    ("llama", {"model_type": "bert"}, "model_type"),
     ("llama", {"some_new_field": 1}, "some_new_field"),
     ("llama", {"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization_config"),
     ("llama", {"is_encoder_decoder": True}, "is_encoder_decoder"),

@@ -33,7 +33,7 @@ _MODULES = {name: name for name in (
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
     "starcoder2", "gemma", "phi3", "granite", "ministral", "smollm3", "glm4",
     "ministral3", "gpt_oss", "gemma4_text", "deepseek_v3",
-    "cohere2")}
+    "cohere2", "gpt2")}
 
 
 # model_type -> why it is refused (known to keras_attn, deliberately not converted).
