@@ -77,7 +77,7 @@ def test_weights_are_cross_checked():
     ({"some_new_field": 1}, "some_new_field"),
 ])
 def test_gpt2_refuses_fields_by_name(changes, field):
-    config = getattr(transformers, "GPT2Config")(**fc.config_kwargs("gpt2", small=True))
+    config = transformers.GPT2Config(**fc.config_kwargs("gpt2", small=True))
     config = {**json.loads(config.to_json_string()), **changes}
     with pytest.raises(ValueError, match=field):
         convert.causal_lm_from_transformers(config, {})

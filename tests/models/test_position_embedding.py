@@ -10,7 +10,7 @@ from keras_attn.testing import reference
 from keras_attn.testing.weights import randomize_weights, reference_params
 
 from ..helpers import UNCACHED, assert_close, to_numpy
-from ..shapes import B, D, H, S_MAX, T
+from ..shapes import S_MAX, B, D, H, T
 
 V, N = 32, S_MAX
 
