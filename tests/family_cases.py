@@ -189,6 +189,21 @@ CASES = {
         layer_types=["sliding_attention", "full_attention"],
         rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
               24, ("post norms -> pre norms", "config", _PRE_NORM)),
+    # Cohere 2: the parallel block (one LayerNorm without bias), interleaved RoPE on the
+    # sliding blocks only (none on the full ones), tied embeddings, logits * logit_scale.
+    "cohere2": ("Cohere2Config", dict(
+        num_hidden_layers=2, sliding_window=6, layer_norm_eps=1e-5, logit_scale=0.25,
+        rms_norm_eps=DROP, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        22, ("sequential block instead of parallel", "sequential", {})),
+    # GPT-2: learned absolute positions (wpe, n_positions rows), no RoPE, fused c_attn,
+    # Conv1D weights, LayerNorm and biases everywhere, gelu_new, a tied head.
+    "gpt2": ("GPT2Config", dict(
+        num_hidden_layers=2, n_inner=F, activation_function="gelu_new",
+        layer_norm_epsilon=1e-5, intermediate_size=DROP, num_key_value_heads=DROP,
+        rms_norm_eps=DROP),
+        24, ("positions dropped (position_embedding zeroed)", "zero_weights",
+             {"names": ("position_embedding",)})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -208,6 +223,9 @@ def config_kwargs(name, small=False):
             kwargs["sliding_window"] = 4
         if "query_pre_attn_scalar" in kwargs:
             kwargs["query_pre_attn_scalar"] = 12
+        for key, value in CASES[name][1].items():  # the family has no such field
+            if value is DROP:
+                kwargs.pop(key, None)
     params = kwargs.get("rope_parameters")
     if isinstance(params, dict) and params.get("rope_type") == "longrope":
         head_dim = kwargs.get("head_dim") or kwargs["hidden_size"] // kwargs["num_attention_heads"]
@@ -237,6 +255,21 @@ def ablate(lm, name):
                       "no_rope": block["config"]["rope_max_wavelength"] is None}[where]
             if chosen:
                 block["config"].update(changes)
+    if kind == "sequential":  # the same weights, the one norm before each sublayer in turn
+        for block in config["blocks"]:
+            block["config"]["use_parallel_residual"] = False
+        new = CausalLM.from_config(config)
+
+        def key(model, path):  # the path below the model (built or loaded, named or not)
+            return path[len(model.name) + 1:] if path.startswith(model.name + "/") else path
+
+        old = {key(lm, v.path): v for v in lm.weights}
+        for v in new.weights:
+            path = key(new, v.path)
+            if path not in old:  # the sequential block's second norm: the shared one
+                path = path.replace("feed_forward_norm", "self_attention_norm")
+            v.assign(old[path])
+        return new
     new = CausalLM.from_config(config)
     new.set_weights(lm.get_weights())
     for layer in new._flatten_layers(include_self=False, recursive=True):
@@ -249,7 +282,9 @@ def ablate(lm, name):
     if kind == "zero_weights":
         for layer in new._flatten_layers(include_self=False, recursive=True):
             if layer.name in changes["names"]:
-                layer.kernel.assign(np.zeros(tuple(layer.kernel.shape), "float32"))
+                weight = (layer.embeddings if isinstance(layer, keras.layers.Embedding)
+                          else layer.kernel)
+                weight.assign(np.zeros(tuple(weight.shape), "float32"))
     return new
 
 

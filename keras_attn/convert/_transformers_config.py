@@ -104,6 +104,10 @@ class ModelSpec:
     # False: no norm before the sublayers (no `input_layernorm`), only
     # `post_attention_layernorm` / `post_feedforward_layernorm` after them (OLMo 2, EXAONE 4).
     input_norms: bool = True
+    # x + attn(N(x)) + mlp(N(x)), one norm (`input_layernorm`) per block (Cohere 2)
+    parallel_residual: bool = False
+    # N, the rows of a learned absolute position table (GPT-2's `wpe`), or None: none
+    position_embeddings: int | None = None
 
     def layer_head_dim(self, index):
         """d of layer `index` (its own, or the model's `head_dim`)."""

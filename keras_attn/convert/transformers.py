@@ -174,6 +174,8 @@ def _block_options(spec):
         options["hidden_size_per_layer_input"] = spec.per_layer_input_dim
     if not spec.input_norms:
         options["use_input_norm"] = False
+    if spec.parallel_residual:
+        options["use_parallel_residual"] = True
     return options
 
 
@@ -187,6 +189,8 @@ def _model_options(spec):
         options["hidden_size_per_layer_input"] = spec.per_layer_input_dim
         if spec.per_layer_vocabulary_size is not None:
             options["vocab_size_per_layer_input"] = spec.per_layer_vocabulary_size
+    if spec.position_embeddings:
+        options["max_position_embeddings"] = spec.position_embeddings
     return options
 
 
@@ -250,7 +254,7 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
         norms += [("post_attention_layernorm", block.post_attention_norm),
                   ("pre_feedforward_layernorm", block.feed_forward_norm),
                   ("post_feedforward_layernorm", block.post_feed_forward_norm)]
-    else:
+    elif not spec.parallel_residual:  # the parallel block's one norm is input_layernorm
         norms += [("post_attention_layernorm", block.feed_forward_norm)]
     if not spec.input_norms:  # OLMo 2's block: the norms after the sublayers only
         norms = [("post_attention_layernorm", block.post_attention_norm),
@@ -436,6 +440,11 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
         **_model_options(spec), **kwargs)
     plan = [(lm.token_embedding.embeddings, embedding, "model.embed_tokens weight")]
     plan += _per_layer_embedding_plan(entries, spec, lm)
+    if spec.position_embeddings:  # learned absolute positions (GPT-2's wpe)
+        N = spec.position_embeddings
+        table = _cross_check(entries, "model.embed_positions.weight", (N, D), "(N, D)",
+                             f"max_position_embeddings={N}, {sizes}")
+        plan.append((lm.position_embedding.embeddings, table, "model.embed_positions weight"))
     for i, block in enumerate(lm.blocks):
         plan += _block_plan(entries, spec, block, f"model.layers.{i}.")
     plan += _norm_plan(entries, spec, lm.final_norm, "model.norm")

@@ -259,7 +259,10 @@ class TransformerLayerBase(keras.layers.Layer):
             self.feed_forward = build_given(self._given.feed_forward, inputs_shape)
         else:
             self.feed_forward = self._feed_forward(inputs_shape)
-        self.feed_forward_norm = self._input_norm("feed_forward_norm", inputs_shape)
+        # The parallel block (a decoder's `use_parallel_residual`) reads the self-attention's
+        # norm for both branches: it has no norm of its own before the feed-forward.
+        self.feed_forward_norm = (None if getattr(self, "use_parallel_residual", False)
+                                  else self._input_norm("feed_forward_norm", inputs_shape))
         self.post_feed_forward_norm = self._post_norm(
             self.use_post_ffw_norm, "post_feed_forward_norm", inputs_shape)
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")

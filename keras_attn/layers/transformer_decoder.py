@@ -48,7 +48,15 @@ class TransformerDecoderLayer(TransformerLayerBase):
     `per_layer_input_gate` `Dense(P)`, `per_layer_projection` `Dense(D)` (no
     biases) and `post_per_layer_input_norm`, and after the feed-forward
     `x + post_per_layer_input_norm(per_layer_projection(activation(
-    per_layer_input_gate(x)) * per_layer_input))`, before the layer scalar. A given `attention` is
+    per_layer_input_gate(x)) * per_layer_input))`, before the layer scalar; and
+    `use_parallel_residual` (keyword, decoder only; GPT-NeoX's config name): the
+    parallel block `x + attn(N(x)) + ffn(N(x))` with one norm N, the
+    `self_attention_norm`, shared by both branches (Cohere 2, GPT-J, Phi-2; GPT-NeoX
+    gives its feed-forward a second norm, which this block does not have): no
+    `feed_forward_norm` then; pre-norm only (`normalize_first=True`) and decoder-only
+    (no `memory`: where a cross-attention would go is ambiguous), a `ValueError`
+    otherwise; the sandwich norms, `residual_scale`, the per-layer input and the
+    layer scalar apply as in the sequential block. A given `attention` is
     the self-attention (it receives the `self_attention_cache` as `cache`);
     the cross-attention stays the default `MultiHeadAttention`, so `num_heads`,
     `key_dim`, `implementation`, `attention_dropout` and the attention biases
@@ -142,8 +150,20 @@ class TransformerDecoderLayer(TransformerLayerBase):
     _has_cross_attention = True
 
     def __init__(self, num_heads: int | None = None, *args, use_layer_scalar: bool = False,
-                 hidden_size_per_layer_input: int | None = None, **kwargs) -> None:
+                 hidden_size_per_layer_input: int | None = None,
+                 use_parallel_residual: bool = False, **kwargs) -> None:
         super().__init__(num_heads, *args, **kwargs)
+        if not isinstance(use_parallel_residual, bool):
+            raise ValueError("`use_parallel_residual` must be a bool. Received: "
+                             f"use_parallel_residual={use_parallel_residual!r}")
+        if use_parallel_residual and not self.normalize_first:
+            # Post-norm would normalise x + attn(x) + ffn(x) with which of two norms? The
+            # parallel families are all pre-norm.
+            raise ValueError(
+                "`use_parallel_residual=True` is the pre-norm parallel block x + attn(N(x)) "
+                "+ ffn(N(x)); it needs `normalize_first=True`. Received: "
+                "use_parallel_residual=True, normalize_first=False")
+        self.use_parallel_residual = use_parallel_residual
         # Gemma 4's `layer_scalar`: a weight `(1,)` (ones at first) that multiplies the
         # block's whole output (the residual stream), after the feed-forward's residual.
         self.use_layer_scalar = bool(use_layer_scalar)
@@ -155,6 +175,14 @@ class TransformerDecoderLayer(TransformerLayerBase):
         inputs_shape = check_rank("inputs", inputs_shape, 3, "(B, T, D)")
         model_dim = inputs_shape[-1]
         self.has_memory = memory_shape is not None
+        if self.has_memory and self.use_parallel_residual:
+            # Cross-attention in a parallel block: a third branch, or after it? No family
+            # says; refused rather than guessed.
+            raise ValueError(
+                f"Layer '{self.name}' has use_parallel_residual=True, a decoder-only block: "
+                "it cannot be built with `memory` (where the cross-attention goes is "
+                "ambiguous). Received: use_parallel_residual=True, "
+                f"memory_shape={tuple(memory_shape)}")
         if self.has_memory and self.num_heads is None:
             raise ValueError(
                 f"Layer '{self.name}' is built with `memory`: its default cross-attention "
@@ -296,7 +324,27 @@ class TransformerDecoderLayer(TransformerLayerBase):
             config["use_layer_scalar"] = True
         if self.hidden_size_per_layer_input:
             config["hidden_size_per_layer_input"] = self.hidden_size_per_layer_input
+        if self.use_parallel_residual:  # absent when unset: the config stays today's
+            config["use_parallel_residual"] = True
         return config
+
+    def _parallel(self, inputs, attend, training):
+        """x + s drop(attn(N(x))) + s drop(ffn(N(x))), N the self-attention's norm; returns
+        `(x, attention extras)` as `_residual` does."""
+        h = self.self_attention_norm(inputs)
+        y = attend(h)
+        y, extras = (y[0], y[1:]) if isinstance(y, tuple) else (y, ())
+        z = self.feed_forward(h, training=training)
+        branches = []
+        for out, post, dropout in ((y, self.post_attention_norm, self.self_attention_dropout),
+                                   (z, self.post_feed_forward_norm, self.feed_forward_dropout)):
+            if post is not None:
+                out = post(out)
+            out = dropout(out, training=training)
+            if self.residual_scale is not None:
+                out = out * ops.cast(self.residual_scale, out.dtype)
+            branches.append(out)
+        return inputs + branches[0] + branches[1], extras
 
     def compute_output_spec(self, inputs, memory=None, padding_mask=None,
                             memory_padding_mask=None, attention_mask=None,
@@ -356,13 +404,15 @@ class TransformerDecoderLayer(TransformerLayerBase):
                          cross_attention_cache_update_index)
         self_key_mask = combine_masks(padding_mask, keras_mask)
         scores = bool(return_attention_scores)
-        x, (self_scores, self_cache) = self._residual(
-            inputs,
-            self._attention_fn(self.self_attention, None, self_key_mask, attention_mask,
-                               use_causal_mask, training, scores, self_attention_cache,
-                               self_attention_cache_update_index, bias=attention_bias),
-            self.self_attention_norm, self.self_attention_dropout, training,
-            self.post_attention_norm)
+        attend = self._attention_fn(self.self_attention, None, self_key_mask, attention_mask,
+                                    use_causal_mask, training, scores, self_attention_cache,
+                                    self_attention_cache_update_index, bias=attention_bias)
+        if self.use_parallel_residual:
+            x, (self_scores, self_cache) = self._parallel(inputs, attend, training)
+        else:
+            x, (self_scores, self_cache) = self._residual(
+                inputs, attend, self.self_attention_norm, self.self_attention_dropout,
+                training, self.post_attention_norm)
         cross_scores = cross_cache = None
         if self.has_memory:
             memory_key_mask = combine_masks(memory_padding_mask, memory_mask)
@@ -373,9 +423,10 @@ class TransformerDecoderLayer(TransformerLayerBase):
                                    cross_attention_cache, cross_attention_cache_update_index),
                 self.cross_attention_norm, self.cross_attention_dropout, training,
                 self.post_cross_attention_norm)
-        x, _ = self._residual(x, lambda h: self.feed_forward(h, training=training),
-                              self.feed_forward_norm, self.feed_forward_dropout, training,
-                              self.post_feed_forward_norm)
+        if not self.use_parallel_residual:
+            x, _ = self._residual(x, lambda h: self.feed_forward(h, training=training),
+                                  self.feed_forward_norm, self.feed_forward_dropout, training,
+                                  self.post_feed_forward_norm)
         if self.hidden_size_per_layer_input:
             x = self._per_layer_input(x, per_layer_input)
         if self.use_layer_scalar:

@@ -77,7 +77,9 @@ class CausalLM(keras.Model):
 
     The model computes, in order: `x = token_embedding(ids)` `(B, T, D)`,
     times `embedding_scale` if set (Gemma: `sqrt(D)`, the multiplier cast to
-    the compute dtype first, as Hugging Face does); each of the `blocks` (a
+    the compute dtype first, as Hugging Face does); plus, with
+    `max_position_embeddings`, the learned position embedding of each token's
+    position (GPT-2's `wpe`); each of the `blocks` (a
     causal, decoder-only `keras_attn.TransformerDecoderLayer` without
     memory, with any `attention=` and `feed_forward=`; each keeps its own
     window, RoPE and options); `final_norm` (`normalization`,
@@ -85,7 +87,8 @@ class CausalLM(keras.Model):
     (`tie_word_embeddings=True`) or `lm_head`, a `Dense(V)` without bias;
     divided by `logits_scaling` if set (Granite); and, if
     `final_logit_soft_cap` c is set, `c * tanh(logits / c)` (Gemma 2), on
-    the scaled logits. Positions are `0 .. T - 1`.
+    the scaled logits. Positions are `0 .. T - 1` (in a cached step
+    `cache_update_index + i`).
 
     A block is any `keras.layers.Layer` that keeps this contract (which
     `TransformerDecoderLayer` keeps, whatever its sublayers):
@@ -102,7 +105,8 @@ class CausalLM(keras.Model):
     prompt length and L the generated length (`max_length`).
 
     Sublayers (weight names): `token_embedding`, `blocks` (a list),
-    `final_norm` and, untied, `lm_head`. The model is built when made.
+    `final_norm` and, untied, `lm_head` (and `position_embedding` with
+    `max_position_embeddings`). The model is built when made.
 
     Args:
         vocabulary_size: V.
@@ -142,6 +146,18 @@ class CausalLM(keras.Model):
             P). In the config when set.
         vocab_size_per_layer_input: V_p, the per-layer embeddings' vocabulary
             (None: V); with `hidden_size_per_layer_input` only.
+        max_position_embeddings: N, or None: learned absolute positions
+            (GPT-2's `wpe`, transformers' `max_position_embeddings` / `n_positions`).
+            A sublayer `position_embedding` `Embedding(N, D)` (keras-hub's
+            GPT2Backbone's name) whose row p is added to the (scaled) token
+            embedding at position p: `0 .. T - 1` uncached, `cache_update_index
+            + i` in a cached step and in `generate`. Every position must be
+            below N: a longer `token_ids` (T > N) or `max_length` > N is a
+            `ValueError`. `generate` takes prompts without padding (every row P
+            real tokens), where transformers' GPT-2 `generate` positions, from
+            `attention_mask.cumsum(-1) - 1`, are the cache index too; a left-padded
+            row would need per-row positions, which `generate` does not take. In
+            the config when set.
         **kwargs: `name`, `dtype` and the other arguments of `keras.Model`.
 
     Call arguments:
@@ -176,7 +192,8 @@ class CausalLM(keras.Model):
                  logits_scaling: float | None = None,
                  kv_sharing: Sequence[int | None] | None = None,
                  hidden_size_per_layer_input: int | None = None,
-                 vocab_size_per_layer_input: int | None = None, **kwargs) -> None:
+                 vocab_size_per_layer_input: int | None = None,
+                 max_position_embeddings: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size = check_positive_int("vocabulary_size", vocabulary_size)
         self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
@@ -236,6 +253,12 @@ class CausalLM(keras.Model):
                 epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
                 name="per_layer_projection_norm")
         self.kv_sharing = _check_kv_sharing(kv_sharing, len(self.blocks))
+        self.max_position_embeddings = check_positive_int(
+            "max_position_embeddings", max_position_embeddings, allow_none=True)
+        if self.max_position_embeddings:
+            self.position_embedding = keras.layers.Embedding(
+                self.max_position_embeddings, self.hidden_dim, dtype=self.dtype_policy,
+                name="position_embedding")
         self.build((None, None))
 
     def build(self, input_shape=None):
@@ -250,6 +273,8 @@ class CausalLM(keras.Model):
                     f"{_built_width(block)}, not hidden_dim="
                     f"{self.hidden_dim}. Received: hidden_dim={self.hidden_dim}")
         self.final_norm.build(hidden_shape)
+        if self.max_position_embeddings:
+            self.position_embedding.build((None,))
         if self.lm_head is not None:
             self.lm_head.build(hidden_shape)
         if self.hidden_size_per_layer_input:
@@ -310,10 +335,26 @@ class CausalLM(keras.Model):
             new_caches.append(cache)
         return x, (new_caches if caches is not None else None)
 
-    def _embed(self, token_ids):
+    def _embed(self, token_ids, start=0):
+        """The (scaled) token embeddings, plus those of the positions `start + i` with
+        `max_position_embeddings` (`start`: 0, or a cached step's index)."""
         x = self.token_embedding(token_ids)
         if self.embedding_scale is not None:
             x = x * ops.cast(self.embedding_scale, x.dtype)
+        if self.max_position_embeddings:
+            T, N = tuple(token_ids.shape)[1], self.max_position_embeddings
+            # An int index is checked here; a tensor one (generate's loop) is not read back
+            # each step: generate checks `max_length` against N before it starts.
+            first = int(start) if isinstance(start, (numbers.Integral, np.integer)) else 0
+            if T is not None and first + T > N:
+                # Out of the table: a gather past it errors on one backend, clamps on another.
+                raise ValueError(
+                    f"The position embedding has max_position_embeddings={N} rows: positions "
+                    f"{first} .. {first + T - 1} do not fit. Received: token_ids.shape="
+                    f"{tuple(token_ids.shape)}, cache_update_index={first}")
+            positions = ops.arange(ops.shape(token_ids)[1], dtype="int32") + ops.cast(
+                start, "int32")
+            x = x + ops.cast(self.position_embedding(positions), x.dtype)[None]
         return x
 
     def _logits(self, x):
@@ -349,7 +390,7 @@ class CausalLM(keras.Model):
         `generate` uses) or keras-hub's tensor (`empty_cache(block, B, S_max)`);
         the T tokens are the positions `cache_update_index + i`.
         """
-        x = self._embed(token_ids)
+        x = self._embed(token_ids, cache_update_index)
         x, new_caches = self._blocks(x, self._per_layer_inputs(token_ids, x), list(caches),
                                      cache_update_index)
         return self._logits(x), new_caches
@@ -412,6 +453,11 @@ class CausalLM(keras.Model):
             raise ValueError(
                 f"`max_length` is the length of the result, prompt included: it must exceed "
                 f"the prompt length P={prompt_length}. Received: max_length={max_length}")
+        if self.max_position_embeddings and max_length > self.max_position_embeddings:
+            raise ValueError(
+                f"The position embedding has max_position_embeddings="
+                f"{self.max_position_embeddings} rows: `max_length` cannot exceed it. "
+                f"Received: max_length={max_length}")
         if batch is None:
             raise ValueError("`prompt_ids` needs a static batch size. "
                              f"Received: prompt_ids.shape={tuple(prompt_ids.shape)}")
@@ -457,7 +503,8 @@ class CausalLM(keras.Model):
         })
         if self.logits_scaling is not None:  # absent when unset: the config stays today's
             config["logits_scaling"] = self.logits_scaling
-        for name in ("kv_sharing", "hidden_size_per_layer_input", "vocab_size_per_layer_input"):
+        for name in ("kv_sharing", "hidden_size_per_layer_input", "vocab_size_per_layer_input",
+                     "max_position_embeddings"):
             if getattr(self, name) is not None:  # likewise
                 config[name] = getattr(self, name)
         return config

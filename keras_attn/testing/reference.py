@@ -355,6 +355,7 @@ def decoder_layer(
     memory_padding_mask=None, attention_mask=None, memory_attention_mask=None,
     is_causal=True, normalize_first=False, epsilon=1e-5,
     activation_name="relu", attention_options=None, residual_scale=None,
+    parallel_residual=False,
 ):
     """Decoder layer: causal self-attention, cross-attention, FFN.
 
@@ -365,7 +366,9 @@ def decoder_layer(
     `cross_attention_norm`, `feed_forward_norm` (a block with
     `use_input_norm=False`) a sublayer is `x + post(f(x))`. `attention_options` go to
     the self-attention only; cross-attention stays plain multi-head.
-    `residual_scale` s multiplies every residual branch.
+    `residual_scale` s multiplies every residual branch. With `parallel_residual`
+    (pre-norm, no memory) the block is `x + s attn(N(x)) + s ffn(N(x))`, N the
+    `self_attention_norm` (Cohere 2, GPT-J, Phi-2).
     """
     x = np.asarray(x, np.float64)
     T = x.shape[1]
@@ -376,6 +379,17 @@ def decoder_layer(
             params["self_attention"], h, num_heads=num_heads, mask=self_mask,
             is_causal=is_causal, **(attention_options or {}),
         )[0]
+
+    if parallel_residual:
+        s = 1.0 if residual_scale is None else float(residual_scale)
+        ffn = lambda h: feed_forward(params["feed_forward"], h, activation_name)  # noqa: E731
+        branches = []
+        for fn, post in ((attend, "post_attention_norm"), (ffn, "post_feed_forward_norm")):
+            y = fn(_norm(x, params["self_attention_norm"], epsilon))
+            if params.get(post) is not None:
+                y = _norm(y, params[post], epsilon)
+            branches.append(s * y)
+        return x + branches[0] + branches[1]
 
     x = _sublayer(x, attend, params.get("self_attention_norm"), epsilon,
                   normalize_first, params.get("post_attention_norm"), residual_scale)

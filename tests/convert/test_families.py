@@ -158,7 +158,7 @@ REFUSED = [
                                    "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
     ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ("llama", {"hidden_act": "relu"}, "hidden_act"),
-    ("llama", {"model_type": "gpt2"}, "model_type"),
+    ("llama", {"model_type": "bert"}, "model_type"),
     ("llama", {"some_new_field": 1}, "some_new_field"),
     ("llama", {"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization_config"),
     ("llama", {"is_encoder_decoder": True}, "is_encoder_decoder"),
@@ -196,6 +196,9 @@ REFUSED = [
                                         "original_max_position_embeddings": 4,
                                         "llama_4_scaling_beta": 0.1, "factor": 2.0}},
      "rope_parameters['factor']"),
+    # Cohere 2's head width is D / H (transformers' config sets it so).
+    ("cohere2", {"head_dim": 8}, "head_dim"),
+    ("cohere2", {"layer_types": ["full_attention"]}, "layer_types"),
 ]
 
 
