@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from keras_attn.convert import _common, families
+from keras_attn.convert import _common, families, pretrained
 from keras_attn.convert._common import cross_check as _cross_check
 from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
 from keras_attn.layers._common import gelu_approximate
@@ -363,8 +363,10 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
         model_or_config: a transformers `LlamaForCausalLM`,
             `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`,
             `Gemma2ForCausalLM` or `Gemma3ForCausalLM` (its `.config` and
-            `.state_dict()` are read), or a config (object or dict) with
-            `state_dict`.
+            `.state_dict()` are read), a config (object or dict) with
+            `state_dict`, or a checkpoint folder's path (`str` or
+            `os.PathLike`: `config.json` and safetensors weights, read
+            without torch by `keras_attn.convert.causal_lm_from_pretrained`).
         state_dict: with a config: the model's entries
             (`model.embed_tokens.weight`, `model.layers.{i}....`,
             `model.norm.weight`, `lm_head.weight` unless tied), arrays or
@@ -382,11 +384,15 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
             value), or an entry missing, extra or disagreeing with the
             config.
     """
+    if state_dict is None and pretrained.is_checkpoint_path(model_or_config):
+        # A checkpoint folder: read without torch (keras_attn.convert.pretrained).
+        return pretrained.causal_lm_from_pretrained(model_or_config, **kwargs)
     if state_dict is None:
         config = getattr(model_or_config, "config", None)
         if config is None or not callable(getattr(model_or_config, "state_dict", None)):
             raise ValueError(
-                "Pass a transformers *ForCausalLM module, or a config with `state_dict`. "
+                "Pass a transformers *ForCausalLM module, a config with `state_dict`, or a "
+                "checkpoint folder's path. "
                 f"Received: {type(model_or_config).__name__} and state_dict=None")
         state_dict = model_or_config.state_dict()
     else:
