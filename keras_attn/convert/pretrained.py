@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["causal_lm_from_pretrained"]
+__all__ = ["causal_lm_from_pretrained", "causal_lm_to_pretrained"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -229,3 +229,208 @@ def causal_lm_from_pretrained(path: str | os.PathLike, dtype: str | None = None,
     dtype = _checked_dtype(dtype)
     state_dict = read_state_dict(os.fspath(path))
     return causal_lm_from_transformers(config, state_dict, dtype=dtype, **kwargs)
+
+
+# Families whose weights the converter renames or splits (`canonical_state_dict`) or whose
+# models carry more than the Llama layout's blocks: not written yet (issue 36, item 3).
+_NOT_WRITTEN = ("phi3", "starcoder2", "glm4", "gemma4_text", "gpt_oss", "deepseek_v3")
+_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+_OFFSET_STEP = 4  # probe codes step by 4: the remainder is the norm offset (0 or 1)
+
+
+def _shard_bytes(max_shard_size):
+    if isinstance(max_shard_size, int) and not isinstance(max_shard_size, bool) and (
+            max_shard_size > 0):
+        return max_shard_size
+    if isinstance(max_shard_size, str):
+        text = max_shard_size.strip().upper()
+        for unit in sorted(_UNITS, key=len, reverse=True):
+            if text.endswith(unit) and text[:-len(unit)].strip().replace(".", "", 1).isdigit():
+                return int(float(text[:-len(unit)]) * _UNITS[unit])
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+    raise ValueError("`max_shard_size` must be a positive number of bytes, an int or a string "
+                     f"such as '5GB' or '200MB'. Received: max_shard_size={max_shard_size!r}")
+
+
+class _Probe:
+    """A state dict the forward plan reads from: each entry it asks for (with its shape) is
+    made of codes `base + 4 * flat_index`, so what the plan does to it (transposes, `+ 1`)
+    says, per variable element, which checkpoint element it came from."""
+
+    def __init__(self):
+        self.shapes: dict[str, tuple] = {}
+        self.bases: list[int] = []
+        self.names: list[str] = []
+        self.next = 0
+
+    def has(self, name):
+        return False  # optional entries (biases, sinks) come only through `check`
+
+    def key(self, name):
+        return repr(name)
+
+    def check(self, entries, name, shape, letters, fields):
+        count = int(np.prod(shape, dtype=np.int64))
+        codes = self.next + _OFFSET_STEP * np.arange(count, dtype=np.float64)
+        self.shapes[name], self.names = tuple(shape), self.names + [name]
+        self.bases.append(self.next)
+        self.next += _OFFSET_STEP * max(count, 1)
+        if self.next >= 2**52:
+            raise ValueError("The model is too large to write with keras_attn's probe. "
+                             f"Received: {self.next} codes")
+        return codes.reshape(shape)
+
+
+def _spec_of(lm, model_type):
+    from keras_attn.convert._transformers_config import read_config
+
+    config = getattr(lm, "source_config", None)
+    if config is None:
+        raise ValueError(
+            "The model has no `source_config` (the Hugging Face config it was converted from, "
+            "which keras_attn.convert sets): keras_attn cannot tell which family and fields "
+            "to write. Received: source_config=None")
+    family = config.get("model_type")
+    if model_type is not None and model_type != family:
+        raise ValueError(f"`model_type` must be the source config's ({family!r}). "
+                         f"Received: model_type={model_type!r}")
+    if family in _NOT_WRITTEN:
+        raise ValueError(
+            f"`model_type` {family!r} is not written yet: keras_attn writes the families "
+            "whose weights it reads without renaming or splitting them (llama, mistral, "
+            "qwen2, qwen3, gemma, gemma2, gemma3_text, granite, ministral, ministral3, "
+            f"smollm3). Received: model_type={family!r}")
+    return config, read_config(config)
+
+
+def _checkpoint_tensors(lm, spec):
+    """`{hf name: numpy array}`: the forward plan, probed, run backwards on `lm`'s values."""
+    from keras import ops
+
+    from keras_attn.convert import transformers
+
+    probe = _Probe()
+    V, D = spec.vocabulary_size, spec.hidden_dim
+    embedding = probe.check(None, "model.embed_tokens.weight", (V, D), "", "")
+    head = None if spec.tie_word_embeddings else probe.check(None, "lm_head.weight", (V, D),
+                                                             "", "")
+    plan = transformers.model_plan(probe, spec, lm, embedding, head, check=probe.check)
+    tensors = {name: None for name in probe.names}
+    bases = np.asarray(probe.bases, np.float64)
+    for variable, codes, what in plan:
+        if tuple(variable.shape) != tuple(codes.shape):
+            raise ValueError(f"{what}: the model's variable '{variable.path}' has shape "
+                             f"{tuple(variable.shape)}, its source config gives "
+                             f"{tuple(codes.shape)}.")
+        value = ops.convert_to_numpy(ops.cast(variable, "float32")).reshape(-1)
+        codes = np.rint(codes).reshape(-1)
+        offset = np.mod(codes, _OFFSET_STEP)
+        owner = np.searchsorted(bases, codes - offset, side="right") - 1
+        for index in np.unique(owner):
+            name = probe.names[index]
+            if tensors[name] is None:
+                tensors[name] = np.zeros(probe.shapes[name], np.float32)
+            chosen = owner == index
+            flat = ((codes[chosen] - offset[chosen] - bases[index]) / _OFFSET_STEP).astype(
+                np.int64)
+            tensors[name].reshape(-1)[flat] = value[chosen] - offset[chosen].astype(np.float32)
+    missing = [name for name, array in tensors.items() if array is None]
+    if missing:  # every entry the reader asks for is some variable's
+        raise ValueError(f"No variable of the model holds {missing[0]!r}.")
+    return tensors
+
+
+def _to_bytes(array, dtype):
+    """`array` (float32) as safetensors `dtype`'s little-endian bytes."""
+    if dtype == "BF16":  # the model's bfloat16 values are exact in float32: keep the top half
+        return (np.ascontiguousarray(array, "<f4").view("<u4") >> 16).astype("<u2").tobytes()
+    return np.ascontiguousarray(array, _NUMPY_DTYPES[dtype]).tobytes()
+
+
+def _write_safetensors(file, tensors, dtype):
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset, blobs = 0, []
+    for name, array in tensors.items():
+        blob = _to_bytes(array, dtype)
+        header[name] = {"dtype": dtype, "shape": list(array.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with open(file, "wb") as handle:
+        handle.write(len(text).to_bytes(8, "little"))
+        handle.write(text)
+        for blob in blobs:
+            handle.write(blob)
+
+
+def causal_lm_to_pretrained(lm, path: str | os.PathLike, model_type: str | None = None,
+                            max_shard_size: int | str = "5GB") -> None:
+    """Write `lm` as a Hugging Face checkpoint folder transformers' `from_pretrained` loads.
+
+    The inverse of `causal_lm_from_pretrained`: the converter's own plan (the
+    map from checkpoint entries to Keras variables, with its transposes and
+    Gemma's `1 + w`) is run backwards, so the written weights are the ones it
+    reads. Writes `config.json` (`lm.source_config`, the Hugging Face config
+    the model was converted from, with the model's dtype) and
+    `model.safetensors`, or `model-0000i-of-0000N.safetensors` shards with
+    `model.safetensors.index.json` past `max_shard_size`. Float32 models are
+    written in float32, bfloat16 ones in bfloat16; torch is not needed.
+
+    Args:
+        lm: a `keras_attn.CausalLM` converted by `keras_attn.convert` (it keeps
+            its `source_config`), trained or not.
+        path: the folder (made if absent).
+        model_type: None, or the family to write, which must be the source
+            config's `model_type`.
+        max_shard_size: bytes per shard, an int or a string ("5GB", "200MB").
+
+    Raises:
+        ValueError: the model has no `source_config`, its family is not
+            written yet (those whose weights the reader renames or splits:
+            phi3, starcoder2, glm4, gemma4_text; and the refused ones), a
+            `model_type` other than the source's, or a bad `max_shard_size`.
+    """
+    limit = _shard_bytes(max_shard_size)
+    config, spec = _spec_of(lm, model_type)
+    import keras
+
+    variable_dtype = keras.backend.standardize_dtype(lm.dtype_policy.variable_dtype)
+    dtype = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}.get(variable_dtype)
+    if dtype is None:
+        raise ValueError(f"The model's variables are {variable_dtype}: keras_attn writes "
+                         f"float32, bfloat16 or float16. Received: dtype={variable_dtype!r}")
+    tensors = _checkpoint_tensors(lm, spec)
+    folder = os.fspath(path)
+    os.makedirs(folder, exist_ok=True)
+    itemsize = 4 if dtype == "F32" else 2
+    shards: list[dict[str, Any]] = [{}]
+    size = 0
+    for name, array in tensors.items():
+        nbytes = array.size * itemsize
+        if shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = array
+        size += nbytes
+    written = {**config, "dtype": variable_dtype}
+    written.pop("torch_dtype", None)
+    with open(os.path.join(folder, CONFIG_NAME), "w") as handle:
+        json.dump(written, handle, indent=2, sort_keys=True)
+    for stale in (WEIGHTS_NAME, INDEX_NAME):
+        if os.path.exists(os.path.join(folder, stale)):
+            os.remove(os.path.join(folder, stale))
+    if len(shards) == 1:
+        _write_safetensors(os.path.join(folder, WEIGHTS_NAME), shards[0], dtype)
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        _write_safetensors(os.path.join(folder, file), shard, dtype)
+        weight_map.update({name: file for name in shard})
+    total = sum(array.size * itemsize for array in tensors.values())
+    with open(os.path.join(folder, INDEX_NAME), "w") as handle:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, handle,
+                  indent=2)

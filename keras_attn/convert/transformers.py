@@ -269,6 +269,30 @@ def _entries(state_dict, spec, prefix=""):
     return _common.StateDict(state_dict, prefix)
 
 
+def model_plan(entries, spec, lm, embedding, head, check=_cross_check):
+    """The whole model's plan `[(variable, array, what)]`: the embedding and head arrays (read
+    by the caller: `head` None when tied), the per-layer embeddings, every block, the final
+    norm (`check` as for `_attention_plan`). keras_attn.convert.pretrained runs it backwards
+    to write a checkpoint: one map both ways."""
+    plan = [(lm.token_embedding.embeddings, embedding, "model.embed_tokens weight")]
+    plan += _per_layer_embedding_plan(entries, spec, lm)
+    for i, block in enumerate(lm.blocks):
+        plan += _block_plan(entries, spec, block, f"model.layers.{i}.", check)
+    plan += _norm_plan(entries, spec, lm.final_norm, "model.norm", check)
+    if head is not None and lm.lm_head is not None:
+        plan.append((lm.lm_head.kernel, head.T, "lm_head weight"))
+    return plan
+
+
+def _json_config(config):
+    """The config as a plain JSON-able dict (kept on the model: `CausalLM.source_config`)."""
+    import json
+
+    from keras_attn.convert._transformers_config import _as_dict
+
+    return json.loads(json.dumps(_as_dict(config), default=str))
+
+
 def _check_layer_index(spec, layer_index):
     if isinstance(layer_index, bool) or not isinstance(layer_index, int) or not (
             0 <= layer_index < spec.num_layers):
@@ -423,14 +447,8 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
         tie_word_embeddings=spec.tie_word_embeddings, embedding_scale=spec.embedding_scale,
         final_logit_soft_cap=spec.final_logit_soft_cap,
         **({"logits_scaling": spec.logits_scaling} if spec.logits_scaling is not None else {}),
-        **_model_options(spec), **kwargs)
-    plan = [(lm.token_embedding.embeddings, embedding, "model.embed_tokens weight")]
-    plan += _per_layer_embedding_plan(entries, spec, lm)
-    for i, block in enumerate(lm.blocks):
-        plan += _block_plan(entries, spec, block, f"model.layers.{i}.")
-    plan += _norm_plan(entries, spec, lm.final_norm, "model.norm")
-    if head is not None and lm.lm_head is not None:
-        plan.append((lm.lm_head.kernel, head.T, "lm_head weight"))
+        **_model_options(spec), source_config=_json_config(config), **kwargs)
+    plan = model_plan(entries, spec, lm, embedding, head)
     entries.check_all_used()
     _common.assign(plan)
     return lm

@@ -195,3 +195,84 @@ def test_save_pretrained_live_matches_the_reader(tmp_path):
     assert isinstance(lm, CausalLM)
     error = fc.relative_error(keras.ops.convert_to_numpy(lm(ids)), logits)
     assert error <= fc.TOLERANCE, error
+
+
+# --- Writing: CausalLM.save_pretrained / convert.causal_lm_to_pretrained ---------------
+
+def _read_back(folder):
+    """`{name: (safetensors dtype, raw bytes)}` of a folder, read independently of the
+    reader's widening (the header's offsets, the file's bytes)."""
+    out = {}
+    for name, tensor in pretrained.read_state_dict(str(folder)).items():
+        with open(tensor.file, "rb") as handle:
+            handle.seek(tensor.begin)
+            out[name] = (tensor.dtype, tensor.shape, handle.read(tensor.end - tensor.begin))
+    return out
+
+
+@pytest.mark.parametrize("folder", ["llama", "qwen2_bfloat16"])
+def test_folder_keras_folder_round_trip_is_bitwise(tmp_path, folder):
+    """In the checkpoint's own dtype (float32; bfloat16 and sharded), every tensor written
+    back has the bytes it was read with."""
+    if keras.backend.backend() in ("jax", "tensorflow"):
+        pytest.skip("numpy in, numpy out: torch and numpy run it (CI's time budget)")
+    source = os.path.join(HERE, folder)
+    lm = convert.causal_lm_from_pretrained(source)
+    lm.save_pretrained(tmp_path / "out", max_shard_size="8KB")
+    original, written = _read_back(source), _read_back(tmp_path / "out")
+    assert sorted(written) == sorted(original)
+    for name in original:
+        assert written[name] == original[name], name
+    config = json.load(open(tmp_path / "out" / "config.json"))
+    assert config["model_type"] == json.load(open(os.path.join(source, "config.json")))[
+        "model_type"]
+    # Can fail: one weight changed in Keras changes one tensor's bytes.
+    lm.final_norm.scale.assign(lm.final_norm.scale + 1.0)
+    lm.save_pretrained(tmp_path / "changed")
+    changed = _read_back(tmp_path / "changed")
+    assert [n for n in original if changed[n] != original[n]] == ["model.norm.weight"]
+
+
+def test_source_config_survives_keras_save_and_load(tmp_path):
+    lm = convert.causal_lm_from_pretrained(os.path.join(HERE, "llama"))
+    stored = json.load(open(os.path.join(HERE, "llama", "config.json")))
+    assert lm.source_config == stored and lm.get_config()["source_config"] == stored
+    lm.save(str(tmp_path / "llama.keras"))
+    again = keras.saving.load_model(str(tmp_path / "llama.keras"))
+    assert again.source_config == stored
+
+
+def test_writing_refuses_what_it_cannot_write(tmp_path):
+    lm = convert.causal_lm_from_pretrained(os.path.join(HERE, "llama"))
+    with pytest.raises(ValueError, match=r"`model_type` must be the source config's "
+                                         r"\('llama'\). Received: model_type='qwen2'"):
+        convert.causal_lm_to_pretrained(lm, tmp_path, model_type="qwen2")
+    with pytest.raises(ValueError, match=r"Received: max_shard_size='lots'"):
+        lm.save_pretrained(tmp_path, max_shard_size="lots")
+    bare = CausalLM.from_config({**lm.get_config(), "source_config": None})
+    with pytest.raises(ValueError, match=r"Received: source_config=None"):
+        bare.save_pretrained(tmp_path)
+    phi3 = convert.causal_lm_from_pretrained(os.path.join(HERE, "phi3"))
+    with pytest.raises(ValueError, match=r"not written yet.*Received: model_type='phi3'"):
+        phi3.save_pretrained(tmp_path)
+    assert not os.listdir(tmp_path)  # refused before anything is written
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3_text", "qwen3", "granite"])
+def test_transformers_from_pretrained_reads_what_keras_writes(tmp_path, name):
+    """Torch env: transformers' `from_pretrained` of the folder `save_pretrained` wrote
+    gives the Keras model's logits within 1e-5 (Gemma 3: its `1 + w` norms undone)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    lm = convert.causal_lm_from_transformers(fc.build_hf(name, small=True))
+    # Away from the source: the Keras model's own weights are what must come out.
+    lm.final_norm.scale.assign(lm.final_norm.scale * 0.5)
+    lm.save_pretrained(tmp_path, max_shard_size="10KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="eager").float().eval()
+    ids = fc.token_ids(name, small=True)
+    with torch.no_grad():
+        theirs = hf(torch.from_numpy(ids).long()).logits.numpy()
+    ours = keras.ops.convert_to_numpy(lm(ids))
+    assert fc.relative_error(theirs, ours) <= 1e-5, fc.relative_error(theirs, ours)
