@@ -231,9 +231,11 @@ def causal_lm_from_pretrained(path: str | os.PathLike, dtype: str | None = None,
     return causal_lm_from_transformers(config, state_dict, dtype=dtype, **kwargs)
 
 
-# Families whose weights the converter renames or splits (`canonical_state_dict`) or whose
-# models carry more than the Llama layout's blocks: not written yet (issue 36, item 3).
-_NOT_WRITTEN = ("phi3", "starcoder2", "glm4", "gemma4_text", "gpt_oss", "deepseek_v3")
+# Families whose models carry more than the Llama layout's blocks (per-layer inputs, mixtures
+# of experts): not written yet. A family whose reader renames or splits its weights
+# (`canonical_state_dict`) is written where its module has the inverse,
+# `checkpoint_state_dict(tensors, spec)`; refused otherwise.
+_NOT_WRITTEN = ("gemma4_text", "gpt_oss", "deepseek_v3")
 _UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 _OFFSET_STEP = 4  # probe codes step by 4: the remainder is the norm offset (0 or 1)
 
@@ -295,12 +297,15 @@ def _spec_of(lm, model_type):
     if model_type is not None and model_type != family:
         raise ValueError(f"`model_type` must be the source config's ({family!r}). "
                          f"Received: model_type={model_type!r}")
-    if family in _NOT_WRITTEN:
+    from keras_attn.convert import families
+
+    module = families.family(family)
+    if family in _NOT_WRITTEN or (hasattr(module, "canonical_state_dict")
+                                  and not hasattr(module, "checkpoint_state_dict")):
         raise ValueError(
-            f"`model_type` {family!r} is not written yet: keras_attn writes the families "
-            "whose weights it reads without renaming or splitting them (llama, mistral, "
+            f"`model_type` {family!r} is not written yet: keras_attn writes llama, mistral, "
             "qwen2, qwen3, gemma, gemma2, gemma3_text, granite, ministral, ministral3, "
-            f"smollm3). Received: model_type={family!r}")
+            f"smollm3, phi3 and starcoder2. Received: model_type={family!r}")
     return config, read_config(config)
 
 
@@ -338,7 +343,10 @@ def _checkpoint_tensors(lm, spec):
     missing = [name for name, array in tensors.items() if array is None]
     if missing:  # every entry the reader asks for is some variable's
         raise ValueError(f"No variable of the model holds {missing[0]!r}.")
-    return tensors
+    from keras_attn.convert import families
+
+    inverse = getattr(families.family(spec.family), "checkpoint_state_dict", None)
+    return tensors if inverse is None else inverse(tensors, spec)
 
 
 def _to_bytes(array, dtype):
@@ -389,8 +397,7 @@ def causal_lm_to_pretrained(lm, path: str | os.PathLike, model_type: str | None 
 
     Raises:
         ValueError: the model has no `source_config`, its family is not
-            written yet (those whose weights the reader renames or splits:
-            phi3, starcoder2, glm4, gemma4_text; and the refused ones), a
+            written yet (glm4, gemma4_text and the attention-only ones), a
             `model_type` other than the source's, or a bad `max_shard_size`.
     """
     limit = _shard_bytes(max_shard_size)

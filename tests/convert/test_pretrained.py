@@ -210,7 +210,7 @@ def _read_back(folder):
     return out
 
 
-@pytest.mark.parametrize("folder", ["llama", "qwen2_bfloat16"])
+@pytest.mark.parametrize("folder", ["llama", "qwen2_bfloat16", "phi3", "starcoder2"])
 def test_folder_keras_folder_round_trip_is_bitwise(tmp_path, folder):
     """In the checkpoint's own dtype (float32; bfloat16 and sharded), every tensor written
     back has the bytes it was read with."""
@@ -227,7 +227,8 @@ def test_folder_keras_folder_round_trip_is_bitwise(tmp_path, folder):
     assert config["model_type"] == json.load(open(os.path.join(source, "config.json")))[
         "model_type"]
     # Can fail: one weight changed in Keras changes one tensor's bytes.
-    lm.final_norm.scale.assign(lm.final_norm.scale + 1.0)
+    scale = lm.final_norm.weights[0]  # RMSNorm's scale, LayerNorm's gamma
+    scale.assign(scale + 1.0)
     lm.save_pretrained(tmp_path / "changed")
     changed = _read_back(tmp_path / "changed")
     assert [n for n in original if changed[n] != original[n]] == ["model.norm.weight"]
@@ -252,13 +253,31 @@ def test_writing_refuses_what_it_cannot_write(tmp_path):
     bare = CausalLM.from_config({**lm.get_config(), "source_config": None})
     with pytest.raises(ValueError, match=r"Received: source_config=None"):
         bare.save_pretrained(tmp_path)
-    phi3 = convert.causal_lm_from_pretrained(os.path.join(HERE, "phi3"))
-    with pytest.raises(ValueError, match=r"not written yet.*Received: model_type='phi3'"):
-        phi3.save_pretrained(tmp_path)
+    glm4 = convert.causal_lm_from_transformers(*_glm4_dict())
+    with pytest.raises(ValueError, match=r"not written yet.*Received: model_type='glm4'"):
+        glm4.save_pretrained(tmp_path)
     assert not os.listdir(tmp_path)  # refused before anything is written
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3_text", "qwen3", "granite"])
+def _glm4_dict():
+    """A tiny GLM-4 config dict and numpy state dict (its reader splits `gate_up_proj`)."""
+    config = {"model_type": "glm4", "vocab_size": 32, "hidden_size": 16,
+              "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 8, "tie_word_embeddings": True}
+    shapes = {"model.embed_tokens.weight": (32, 16), "model.norm.weight": (16,)}
+    shapes.update({f"model.layers.0.{k}": v for k, v in {
+        "self_attn.q_proj.weight": (16, 16), "self_attn.q_proj.bias": (16,),
+        "self_attn.k_proj.weight": (8, 16), "self_attn.k_proj.bias": (8,),
+        "self_attn.v_proj.weight": (8, 16), "self_attn.v_proj.bias": (8,),
+        "self_attn.o_proj.weight": (16, 16), "mlp.gate_up_proj.weight": (64, 16),
+        "mlp.down_proj.weight": (16, 32), "input_layernorm.weight": (16,),
+        "post_attention_layernorm.weight": (16,), "post_self_attn_layernorm.weight": (16,),
+        "post_mlp_layernorm.weight": (16,)}.items()})
+    return config, {k: np.ones(v, "float32") for k, v in shapes.items()}
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3_text", "qwen3", "granite", "phi3",
+                                  "starcoder2"])
 def test_transformers_from_pretrained_reads_what_keras_writes(tmp_path, name):
     """Torch env: transformers' `from_pretrained` of the folder `save_pretrained` wrote
     gives the Keras model's logits within 1e-5 (Gemma 3: its `1 + w` norms undone)."""
@@ -266,7 +285,8 @@ def test_transformers_from_pretrained_reads_what_keras_writes(tmp_path, name):
     transformers = pytest.importorskip("transformers")
     lm = convert.causal_lm_from_transformers(fc.build_hf(name, small=True))
     # Away from the source: the Keras model's own weights are what must come out.
-    lm.final_norm.scale.assign(lm.final_norm.scale * 0.5)
+    scale = lm.final_norm.weights[0]  # RMSNorm's scale, LayerNorm's gamma
+    scale.assign(scale * 0.5)
     lm.save_pretrained(tmp_path, max_shard_size="10KB")
     assert (tmp_path / "model.safetensors.index.json").exists()
     hf = transformers.AutoModelForCausalLM.from_pretrained(
