@@ -34,6 +34,7 @@ from keras_attn.convert.huggingface import (
 )
 from keras_attn.convert.keras import multi_head_attention_from_keras
 from keras_attn.convert.latent_attention import multi_head_latent_attention_from_transformers
+from keras_attn.convert.pretrained import causal_lm_from_pretrained, causal_lm_to_pretrained
 from keras_attn.convert.torch import (
     multi_head_attention_from_torch,
     transformer_decoder_layer_from_torch,
@@ -47,7 +48,9 @@ from keras_attn.convert.transformers import (
 )
 
 __all__ = [
+    "causal_lm_from_pretrained",
     "causal_lm_from_transformers",
+    "causal_lm_to_pretrained",
     "family_table",
     "multi_head_attention_from_keras",
     "multi_head_attention_from_llama",

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from keras_attn.convert import _common, families
+from keras_attn.convert import _common, families, pretrained
 from keras_attn.convert._common import cross_check as _cross_check
 from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
 from keras_attn.layers._common import gelu_approximate
@@ -289,6 +289,35 @@ def _entries(state_dict, spec, prefix=""):
     return _common.StateDict(state_dict, prefix)
 
 
+def model_plan(entries, spec, lm, embedding, head, check=_cross_check):
+    """The whole model's plan `[(variable, array, what)]`: the embedding and head arrays (read
+    by the caller: `head` None when tied), the per-layer embeddings, every block, the final
+    norm (`check` as for `_attention_plan`). keras_attn.convert.pretrained runs it backwards
+    to write a checkpoint: one map both ways."""
+    plan = [(lm.token_embedding.embeddings, embedding, "model.embed_tokens weight")]
+    plan += _per_layer_embedding_plan(entries, spec, lm)
+    if spec.position_embeddings:  # learned absolute positions (GPT-2's wpe)
+        N, D = spec.position_embeddings, lm.hidden_dim
+        table = check(entries, "model.embed_positions.weight", (N, D), "(N, D)",
+                      f"max_position_embeddings={N}, hidden_size={D}")
+        plan.append((lm.position_embedding.embeddings, table, "model.embed_positions weight"))
+    for i, block in enumerate(lm.blocks):
+        plan += _block_plan(entries, spec, block, f"model.layers.{i}.", check)
+    plan += _norm_plan(entries, spec, lm.final_norm, "model.norm", check)
+    if head is not None and lm.lm_head is not None:
+        plan.append((lm.lm_head.kernel, head.T, "lm_head weight"))
+    return plan
+
+
+def _json_config(config):
+    """The config as a plain JSON-able dict (kept on the model: `CausalLM.source_config`)."""
+    import json
+
+    from keras_attn.convert._transformers_config import _as_dict
+
+    return json.loads(json.dumps(_as_dict(config), default=str))
+
+
 def _check_layer_index(spec, layer_index):
     if isinstance(layer_index, bool) or not isinstance(layer_index, int) or not (
             0 <= layer_index < spec.num_layers):
@@ -383,8 +412,10 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
         model_or_config: a transformers `LlamaForCausalLM`,
             `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`,
             `Gemma2ForCausalLM` or `Gemma3ForCausalLM` (its `.config` and
-            `.state_dict()` are read), or a config (object or dict) with
-            `state_dict`.
+            `.state_dict()` are read), a config (object or dict) with
+            `state_dict`, or a checkpoint folder's path (`str` or
+            `os.PathLike`: `config.json` and safetensors weights, read
+            without torch by `keras_attn.convert.causal_lm_from_pretrained`).
         state_dict: with a config: the model's entries
             (`model.embed_tokens.weight`, `model.layers.{i}....`,
             `model.norm.weight`, `lm_head.weight` unless tied), arrays or
@@ -402,11 +433,15 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
             value), or an entry missing, extra or disagreeing with the
             config.
     """
+    if state_dict is None and pretrained.is_checkpoint_path(model_or_config):
+        # A checkpoint folder: read without torch (keras_attn.convert.pretrained).
+        return pretrained.causal_lm_from_pretrained(model_or_config, **kwargs)
     if state_dict is None:
         config = getattr(model_or_config, "config", None)
         if config is None or not callable(getattr(model_or_config, "state_dict", None)):
             raise ValueError(
-                "Pass a transformers *ForCausalLM module, or a config with `state_dict`. "
+                "Pass a transformers *ForCausalLM module, a config with `state_dict`, or a "
+                "checkpoint folder's path. "
                 f"Received: {type(model_or_config).__name__} and state_dict=None")
         state_dict = model_or_config.state_dict()
     else:
@@ -437,19 +472,8 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
         tie_word_embeddings=spec.tie_word_embeddings, embedding_scale=spec.embedding_scale,
         final_logit_soft_cap=spec.final_logit_soft_cap,
         **({"logits_scaling": spec.logits_scaling} if spec.logits_scaling is not None else {}),
-        **_model_options(spec), **kwargs)
-    plan = [(lm.token_embedding.embeddings, embedding, "model.embed_tokens weight")]
-    plan += _per_layer_embedding_plan(entries, spec, lm)
-    if spec.position_embeddings:  # learned absolute positions (GPT-2's wpe)
-        N = spec.position_embeddings
-        table = _cross_check(entries, "model.embed_positions.weight", (N, D), "(N, D)",
-                             f"max_position_embeddings={N}, {sizes}")
-        plan.append((lm.position_embedding.embeddings, table, "model.embed_positions weight"))
-    for i, block in enumerate(lm.blocks):
-        plan += _block_plan(entries, spec, block, f"model.layers.{i}.")
-    plan += _norm_plan(entries, spec, lm.final_norm, "model.norm")
-    if head is not None and lm.lm_head is not None:
-        plan.append((lm.lm_head.kernel, head.T, "lm_head weight"))
+        **_model_options(spec), source_config=_json_config(config), **kwargs)
+    plan = model_plan(entries, spec, lm, embedding, head)
     entries.check_all_used()
     _common.assign(plan)
     return lm

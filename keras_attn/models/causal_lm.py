@@ -158,6 +158,10 @@ class CausalLM(keras.Model):
             `attention_mask.cumsum(-1) - 1`, are the cache index too; a left-padded
             row would need per-row positions, which `generate` does not take. In
             the config when set.
+        source_config: None, or the Hugging Face config (a `config.json` dict)
+            the model was converted from: `keras_attn.convert` sets it, and
+            `save_pretrained` writes the checkpoint of that family from it. In
+            the config when set.
         **kwargs: `name`, `dtype` and the other arguments of `keras.Model`.
 
     Call arguments:
@@ -193,7 +197,8 @@ class CausalLM(keras.Model):
                  kv_sharing: Sequence[int | None] | None = None,
                  hidden_size_per_layer_input: int | None = None,
                  vocab_size_per_layer_input: int | None = None,
-                 max_position_embeddings: int | None = None, **kwargs) -> None:
+                 max_position_embeddings: int | None = None,
+                 source_config: dict | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size = check_positive_int("vocabulary_size", vocabulary_size)
         self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
@@ -259,6 +264,10 @@ class CausalLM(keras.Model):
             self.position_embedding = keras.layers.Embedding(
                 self.max_position_embeddings, self.hidden_dim, dtype=self.dtype_policy,
                 name="position_embedding")
+        if source_config is not None and not isinstance(source_config, dict):
+            raise ValueError("`source_config` must be None or a dict (a config.json). "
+                             f"Received: source_config of type {type(source_config).__name__}")
+        self.source_config = None if source_config is None else dict(source_config)
         self.build((None, None))
 
     def build(self, input_shape=None):
@@ -489,6 +498,21 @@ class CausalLM(keras.Model):
         check_generated(tokens, max_length)  # non-finite logits, once the values are known
         return ops.convert_to_tensor(tokens, "int32")
 
+    def save_pretrained(self, path, max_shard_size="5GB"):
+        """Write a Hugging Face checkpoint folder that transformers' `from_pretrained` loads.
+
+        `keras_attn.convert.causal_lm_to_pretrained(self, path, ...)`: `config.json`
+        (from `source_config`) and `model.safetensors`, or shards and their index past
+        `max_shard_size`.
+
+        Args:
+            path: the folder (made if absent).
+            max_shard_size: bytes per shard, an int or a string ("5GB", "200MB").
+        """
+        from keras_attn.convert.pretrained import causal_lm_to_pretrained
+
+        causal_lm_to_pretrained(self, path, max_shard_size=max_shard_size)
+
     def get_config(self):
         config = super().get_config()
         config.update({
@@ -504,7 +528,7 @@ class CausalLM(keras.Model):
         if self.logits_scaling is not None:  # absent when unset: the config stays today's
             config["logits_scaling"] = self.logits_scaling
         for name in ("kv_sharing", "hidden_size_per_layer_input", "vocab_size_per_layer_input",
-                     "max_position_embeddings"):
+                     "max_position_embeddings", "source_config"):
             if getattr(self, name) is not None:  # likewise
                 config[name] = getattr(self, name)
         return config

@@ -12,7 +12,10 @@ family:
   field it cannot reproduce refused with a `ValueError` naming it;
 - optionally `canonical_state_dict(entries, spec) -> dict`: its weights renamed (and
   fused ones split) into the Llama layout the converter maps (`q_proj`, `gate_proj`,
-  `input_layernorm`, ...), each split cross-checked against the config.
+  `input_layernorm`, ...), each split cross-checked against the config;
+- optionally `checkpoint_state_dict(tensors, spec) -> dict`: its inverse, the Llama
+  layout's arrays back under the family's names (`CausalLM.save_pretrained`); a family
+  with `canonical_state_dict` and without it is not written.
 
 Each module owns its family's logic: what differs between families (which fields,
 their defaults, which blocks slide, biases, norms, soft-caps, RoPE per layer type) is

@@ -79,3 +79,23 @@ def _check_rows(key, array, sizes, fields):
         raise ValueError(
             f"The config and the weights disagree: {fields} give {sum(sizes)} rows for "
             f"state_dict entry {key!r}, which has shape {_common.shape_text(array.shape)}.")
+
+
+def checkpoint_state_dict(entries, spec):
+    """The inverse of `canonical_state_dict` (for writing a checkpoint): `q_proj`, `k_proj`,
+    `v_proj` fused back into `qkv_proj` and `gate_proj`, `up_proj` into `gate_up_proj`, rows
+    in the order transformers splits them."""
+    fused = {}
+    for key, value in entries.items():
+        for parts, into in ((("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+                            (("gate_proj", "up_proj"), "gate_up_proj")):
+            if key.endswith(f".{parts[0]}.weight"):
+                prefix = key[:-len(f"{parts[0]}.weight")]
+                fused[prefix + into + ".weight"] = np.concatenate(
+                    [entries[f"{prefix}{part}.weight"] for part in parts], axis=0)
+                break
+            if any(key.endswith(f".{part}.weight") for part in parts[1:]):
+                break
+        else:
+            fused[key] = value
+    return fused

@@ -40,3 +40,14 @@ def canonical_state_dict(entries, spec):
                 key = key.replace(old, new) if old in key else new[1:] + key[len(old) - 1:]
         renamed[key] = value
     return renamed
+
+
+def checkpoint_state_dict(entries, spec):
+    """The inverse of `canonical_state_dict` (for writing a checkpoint): `up_proj` /
+    `down_proj` back to `mlp.c_fc` / `mlp.c_proj`."""
+    renamed = {}
+    for key, value in entries.items():
+        for new, old in ((".mlp.c_fc.", ".mlp.up_proj."), (".mlp.c_proj.", ".mlp.down_proj.")):
+            key = key.replace(old, new)
+        renamed[key] = value
+    return renamed
