@@ -166,15 +166,23 @@ def test_converters_import_only_keras_numpy_and_the_standard_library():
     """No torch or transformers, and nothing that unpickles (`torch.load`, `np.load`, pickle)."""
     allowed = ({"keras", "numpy", "keras_attn"} | set(sys.stdlib_module_names)) - {
         "pickle", "shelve", "marshal"}
+    optional = {"safetensors"}  # the `safetensors` extra: imported inside a function only
     assert len(_convert_modules()) >= 5
     for name, tree in _convert_modules():
+        for node in tree.body:  # module level: no optional package
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [
+                    node.module or ""]
+                assert not {n.split(".")[0] for n in names} & optional, (
+                    f"{name}:{node.lineno} imports an optional package at module level")
+        allowed_here = allowed | optional
         for node in ast.walk(tree):
             roots = []
             if isinstance(node, ast.Import):
                 roots = [alias.name.split(".")[0] for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 roots = [node.module.split(".")[0]]
-            assert set(roots) <= allowed, f"{name}:{node.lineno} imports {roots}"
+            assert set(roots) <= allowed_here, f"{name}:{node.lineno} imports {roots}"
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 assert node.func.attr not in ("load", "loads"), f"{name}:{node.lineno} loads a file"
 
