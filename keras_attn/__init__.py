@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # what `__getattr__` resolves, for type checkers and the API 
     from keras_attn.generation import generate
     from keras_attn.layers.feed_forward import PositionwiseFeedForward
     from keras_attn.layers.latent_attention import MultiHeadLatentAttention
+    from keras_attn.layers.mixture_of_experts import MixtureOfExperts
     from keras_attn.layers.multi_head_attention import MultiHeadAttention
     from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
     from keras_attn.layers.transformer_encoder import TransformerEncoderLayer
@@ -62,6 +63,7 @@ _NAMES = {
     "AttentionOptions": "keras_attn.options",
     "CausalLM": "keras_attn.models.causal_lm",
     "KVCache": "keras_attn.cache",
+    "MixtureOfExperts": "keras_attn.layers.mixture_of_experts",
     "MultiHeadAttention": "keras_attn.layers.multi_head_attention",
     "MultiHeadLatentAttention": "keras_attn.layers.latent_attention",
     "PositionwiseFeedForward": "keras_attn.layers.feed_forward",
@@ -86,6 +88,7 @@ __all__ = [  # a literal list, for tools that read it statically (the names belo
     "AttentionOptions",
     "CausalLM",
     "KVCache",
+    "MixtureOfExperts",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
     "PositionwiseFeedForward",

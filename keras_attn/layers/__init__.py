@@ -2,12 +2,14 @@
 
 from keras_attn.layers.feed_forward import PositionwiseFeedForward
 from keras_attn.layers.latent_attention import MultiHeadLatentAttention
+from keras_attn.layers.mixture_of_experts import MixtureOfExperts
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
 from keras_attn.layers.transformer_encoder import TransformerEncoderLayer
 
 __all__ = [
     "CausalLM",
+    "MixtureOfExperts",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
     "PositionwiseFeedForward",

@@ -1,0 +1,279 @@
+"""A mixture of gated-MLP experts behind a top-k router (Mixtral, Qwen3-MoE).
+
+Shazeer et al. 2017, "Outrageously Large Neural Networks: The Sparsely-Gated
+Mixture-of-Experts Layer"; the load-balancing loss of Fedus et al. 2021,
+"Switch Transformers" (Eqs. 4-6), as transformers' `load_balancing_loss_func`.
+"""
+
+from collections.abc import Callable
+
+import keras
+from keras import ops
+
+from keras_attn._observe import record_path
+from keras_attn._typing import Initializer
+from keras_attn._validation import check_positive_int
+from keras_attn.layers._common import clone_initializer
+
+__all__ = ["MixtureOfExperts"]
+
+IMPLEMENTATIONS = ("auto", "dense", "sparse")
+# "auto" runs every expert on every token up to this many experts, the sparse dispatch
+# above it. A guess (the dense path is one einsum, the sparse one sorts and gathers),
+# not a measurement: the benchmark of issue 34 is to set it.
+DENSE_UP_TO_EXPERTS = 4
+# Rows per block of the sparse dispatch (at most; fewer when there are fewer tokens).
+SPARSE_BLOCK_ROWS = 64
+
+
+def softmax_topk(logits, num_experts_per_tok, norm_topk_prob):
+    """Mixtral / Qwen3-MoE routing: softmax over all experts, top-k, optional renormalising.
+
+    Args:
+        logits: `(N, E)` float32 router logits.
+        num_experts_per_tok: k.
+        norm_topk_prob: divide the k kept probabilities by their sum.
+
+    Returns:
+        `(weights, indices, probs)`: `(N, k)` float32 weights, `(N, k)` int32 expert
+        indices, and the `(N, E)` probabilities the load-balancing loss reads.
+    """
+    probs = ops.softmax(logits, axis=-1)
+    weights, indices = ops.top_k(probs, num_experts_per_tok)
+    if norm_topk_prob:
+        weights = weights / ops.sum(weights, axis=-1, keepdims=True)
+    return weights, ops.cast(indices, "int32"), probs
+
+
+# A routing rule is named here: `rule(logits, k, norm_topk_prob) -> (weights, indices,
+# probs)`. Later rules (gpt-oss's softmax over the top-k logits, DeepSeek V3's sigmoid
+# with a selection-only bias and groups, Llama 4's sigmoid top-1) are new entries.
+ROUTING = {"softmax_topk": softmax_topk}
+
+
+def load_balancing_loss(probs, indices, num_experts):
+    """transformers' `load_balancing_loss_func` for one layer, no attention mask.
+
+    `E * sum_e f_e * P_e`, `f_e` the share of the N*k assignments that went to expert e
+    times k (counts / N), `P_e` the mean router probability of e. `f` is a count: its
+    gradient is zero, as in transformers (`torch.histc`); the gradient flows through P.
+    """
+    rows = ops.cast(ops.shape(probs)[0], "float32")
+    counts = ops.sum(ops.one_hot(indices, num_experts, dtype="float32"), axis=(0, 1))
+    return num_experts * ops.sum((counts / rows) * (ops.sum(probs, axis=0) / rows))
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MixtureOfExperts(keras.layers.Layer):
+    """A router picks k of E gated-MLP experts per token; their outputs, weighted, sum.
+
+    `y = sum_{e in topk(x)} w_e(x) * W_down_e (act(W_gate_e x) * W_up_e x)`, with
+    `routing="softmax_topk"`: `p = softmax(x W_router)` over all E experts, the k largest
+    kept, divided by their sum when `norm_topk_prob` (transformers'
+    `Qwen3MoeTopKRouter`). Mixtral's `MixtralTopKRouter` always divides (it has no
+    `norm_topk_prob` field): a Mixtral layer is `norm_topk_prob=True`. The router's
+    softmax runs in float32 whatever the compute dtype, as transformers does.
+
+    No token is dropped: every token runs through its k experts whatever the load
+    (no capacity factor), as Mixtral and Qwen3-MoE do.
+
+    Two computations give the same numbers:
+        - "dense": every expert on every token (`E * N` expert calls), weighted by the
+          routing weights, zero for the experts not chosen. Exact and simple; the
+          cheaper one for a few experts.
+        - "sparse": each token only through its k experts. The `N * k` token copies are
+          sorted by expert into blocks of at most 64 rows, one expert per block (each
+          expert's rows padded to whole blocks), and each block runs one batched matmul
+          against its expert's gathered weights; the outputs are gathered back. Every
+          shape follows from the input's (`ceil(N k / b) + E` blocks of `b` rows), so
+          JAX and TensorFlow compile it once per input shape.
+        - "auto": "dense" up to 4 experts, "sparse" above (a threshold not yet
+          measured). The path taken is recorded for `keras_attn.observe_paths()` as
+          "moe_dense" or "moe_sparse".
+
+    Weights (a contract): `router_kernel` `(D, E)`; the experts' kernels stacked on a
+    leading expert axis, named after `PositionwiseFeedForward(gated=True)`'s sublayers:
+    `gate_kernel` `(E, D, F)` (W_gate, with the activation), `intermediate_kernel`
+    `(E, D, F)` (W_up) and `output_kernel` `(E, F, D)` (W_down). No biases.
+    transformers' fused `experts.gate_up_proj` `(E, 2F, D)` is `[gate; up]` transposed.
+
+    Hook: a shared expert (Qwen3-Next, DeepSeek V3, Llama 4: a dense MLP every token
+    runs, plain or sigmoid-gated) is a later addition, summed in `call` where marked.
+
+    Shapes: B batch, T length, D width, E `num_experts`, k `num_experts_per_tok`,
+    F `intermediate_dim`, N = B*T tokens.
+
+    Args:
+        num_experts: E.
+        num_experts_per_tok: k, the experts each token runs through (1 <= k <= E).
+        intermediate_dim: F, the hidden width of each expert.
+        activation: the gate's activation ("silu": SwiGLU experts).
+        norm_topk_prob: renormalise the k kept probabilities to sum to 1.
+        router_aux_loss_coef: the weight of the load-balancing loss, added through
+            `add_loss` when called with `training=True` (0, the default: none). Per
+            layer: `coef * E * sum_e f_e P_e` over this call's B*T tokens (padding
+            included: the feed-forward sees no mask). transformers computes one loss
+            from all layers' logits concatenated, which for L layers is not the sum of
+            the L per-layer losses.
+        routing: the routing rule's name; "softmax_topk" is the only one yet.
+        implementation: "auto", "dense" or "sparse" (above).
+        kernel_initializer: initializer of every kernel.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(B, T, D)` (any leading dims work).
+        training: whether the load-balancing loss is added.
+
+    Returns:
+        `(B, T, D)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> moe = MixtureOfExperts(num_experts=4, num_experts_per_tok=2, intermediate_dim=32)
+    >>> tuple(moe(np.zeros((2, 5, 16), "float32")).shape)
+    (2, 5, 16)
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        num_experts_per_tok: int,
+        intermediate_dim: int,
+        activation: str | Callable = "silu",
+        norm_topk_prob: bool = False,
+        router_aux_loss_coef: float = 0.0,
+        routing: str = "softmax_topk",
+        implementation: str = "auto",
+        kernel_initializer: Initializer = "glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_experts = check_positive_int("num_experts", num_experts)
+        self.num_experts_per_tok = check_positive_int("num_experts_per_tok", num_experts_per_tok)
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                "`num_experts_per_tok` must be at most `num_experts` "
+                f"({self.num_experts}). Received: num_experts_per_tok={num_experts_per_tok!r}")
+        self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
+        self.activation = keras.activations.get(activation)
+        self.norm_topk_prob = bool(norm_topk_prob)
+        if isinstance(router_aux_loss_coef, bool) or not isinstance(
+                router_aux_loss_coef, (int, float)) or not router_aux_loss_coef >= 0:
+            raise ValueError("`router_aux_loss_coef` must be a number >= 0. "
+                             f"Received: router_aux_loss_coef={router_aux_loss_coef!r}")
+        self.router_aux_loss_coef = float(router_aux_loss_coef)
+        if routing not in ROUTING:
+            raise ValueError(f"`routing` must be one of {sorted(ROUTING)}. "
+                             f"Received: routing={routing!r}")
+        self.routing = routing
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"`implementation` must be one of {IMPLEMENTATIONS}. "
+                             f"Received: implementation={implementation!r}")
+        self.implementation = implementation
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+
+    def _kernel(self, shape, name):
+        return self.add_weight(shape=shape, name=name,
+                               initializer=clone_initializer(self.kernel_initializer))
+
+    def build(self, input_shape):
+        D, E, F = input_shape[-1], self.num_experts, self.intermediate_dim
+        self.router_kernel = self._kernel((D, E), "router_kernel")
+        self.gate_kernel = self._kernel((E, D, F), "gate_kernel")
+        self.intermediate_kernel = self._kernel((E, D, F), "intermediate_kernel")
+        self.output_kernel = self._kernel((E, F, D), "output_kernel")
+        self.built = True
+
+    def route(self, tokens):
+        """`(weights, indices, probs)` for `(N, D)` tokens (see `softmax_topk`)."""
+        logits = ops.cast(ops.matmul(tokens, self.router_kernel), "float32")
+        return ROUTING[self.routing](logits, self.num_experts_per_tok, self.norm_topk_prob)
+
+    def _chosen_path(self):
+        if self.implementation != "auto":
+            return self.implementation
+        return "dense" if self.num_experts <= DENSE_UP_TO_EXPERTS else "sparse"
+
+    def call(self, inputs, training=None):
+        shape = ops.shape(inputs)
+        tokens = ops.reshape(inputs, (-1, shape[-1]))  # (N, D)
+        weights, indices, probs = self.route(tokens)
+        weights = ops.cast(weights, self.compute_dtype)
+        path = record_path("moe_" + self._chosen_path())
+        if path == "moe_dense":
+            out = self._dense_experts(tokens, weights, indices)
+        else:
+            out = self._sparse_experts(tokens, weights, indices)
+        # Hook: a shared expert's output is added to `out` here (a later addition).
+        if training and self.router_aux_loss_coef:
+            self.add_loss(self.router_aux_loss_coef
+                          * load_balancing_loss(probs, indices, self.num_experts))
+        return ops.reshape(out, shape)
+
+    def _dense_experts(self, tokens, weights, indices):
+        # (N, E) routing weights: w_j at the chosen experts, 0 elsewhere.
+        combine = ops.sum(ops.one_hot(indices, self.num_experts, dtype=self.compute_dtype)
+                          * weights[..., None], axis=1)
+        gate = self.activation(ops.einsum("nd,edf->enf", tokens, self.gate_kernel))
+        hidden = gate * ops.einsum("nd,edf->enf", tokens, self.intermediate_kernel)
+        expert_out = ops.einsum("enf,efd->end", hidden, self.output_kernel)  # (E, N, D)
+        return ops.einsum("ne,end->nd", combine, expert_out)
+
+    def _sparse_experts(self, tokens, weights, indices):
+        E, k = self.num_experts, self.num_experts_per_tok
+        static_n = tokens.shape[0]
+        assignments = None if static_n is None else static_n * k  # A = N k
+        rows = SPARSE_BLOCK_ROWS if assignments is None else max(
+            1, min(SPARSE_BLOCK_ROWS, -(-assignments // E)))
+        experts = ops.reshape(indices, (-1,))  # (A,) the expert of each token copy
+        A = ops.shape(experts)[0]
+        # Each expert's rows padded to whole blocks: its first slot in the padded buffer.
+        counts = ops.sum(ops.one_hot(experts, E, dtype="int32"), axis=0)  # (E,)
+        padded = (counts + rows - 1) // rows * rows
+        padded_end = ops.cumsum(padded)
+        padded_start = padded_end - padded
+        start = ops.cumsum(counts) - counts
+        order = ops.cast(ops.argsort(experts), "int32")  # copies sorted by expert
+        sorted_experts = ops.take(experts, order)
+        rank = ops.arange(A, dtype="int32") - ops.take(start, sorted_experts)
+        slot_sorted = ops.take(padded_start, sorted_experts) + rank
+        # slot[a]: where copy a sits in the buffer (the inverse of the sort).
+        slot = ops.scatter(order[:, None], slot_sorted, (A,))
+        # Blocks: A // rows + E bounds the padded total (each expert pads < rows).
+        blocks = A // rows + E
+        capacity = blocks * rows
+        width = tokens.shape[-1]
+        # Sorted copy i is token order[i] // k (indices are (N, k) flattened).
+        buffer = ops.scatter(slot_sorted[:, None], ops.take(tokens, order // k, axis=0),
+                             (capacity, width))
+        starts = ops.arange(blocks, dtype="int32") * rows
+        # A block's expert: the number of padded ranges that end at or before its start
+        # (blocks past every range are zeros; any expert will do, clipped to E - 1).
+        block_expert = ops.minimum(
+            ops.sum(ops.cast(padded_end[None, :] <= starts[:, None], "int32"), axis=1), E - 1)
+        x = ops.reshape(buffer, (blocks, rows, -1))
+        gate = self.activation(ops.matmul(x, ops.take(self.gate_kernel, block_expert, axis=0)))
+        hidden = gate * ops.matmul(x, ops.take(self.intermediate_kernel, block_expert, axis=0))
+        y = ops.matmul(hidden, ops.take(self.output_kernel, block_expert, axis=0))
+        y = ops.take(ops.reshape(y, (capacity, -1)), slot, axis=0)  # (A, D), copy order
+        y = ops.reshape(y, (-1, k, width)) * weights[..., None]
+        return ops.sum(y, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "num_experts": self.num_experts,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "intermediate_dim": self.intermediate_dim,
+            "activation": keras.activations.serialize(self.activation),
+            "norm_topk_prob": self.norm_topk_prob,
+            "router_aux_loss_coef": self.router_aux_loss_coef,
+            "routing": self.routing,
+            "implementation": self.implementation,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+        })
+        return config

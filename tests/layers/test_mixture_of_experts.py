@@ -1,0 +1,216 @@
+"""`MixtureOfExperts`: both paths against the float64 reference (outputs, gradients and
+the load-balancing loss), with routers whose top-k margins are asserted far from ties;
+transformers' `MixtralSparseMoeBlock` and `Qwen3MoeSparseMoeBlock` with the same random
+weights; configs, a `.keras` round trip inside a decoder block, and bad arguments."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attn
+from keras_attn import _device
+from keras_attn.testing import moe_reference
+from keras_attn.testing.reference import numerical_gradient
+
+from .. import shapes
+from ..helpers import assert_close, randn, rng, to_numpy
+
+B, T, D = shapes.B, shapes.T, shapes.D
+E, K, F = 4, 2, 6
+MARGIN = 1e-2
+
+
+def _problem(seed=33, k=K, router_scale=3.0):
+    """Inputs and weights far from identity (std 0.35 experts); a router scaled so the
+    k-th and (k+1)-th probabilities of every token are more than MARGIN apart (the seeds
+    33, 34 and 6 are ones where that holds: asserted, not assumed)."""
+    g = rng(seed)
+    x = randn(g, B, T, D)
+    params = {"router": router_scale * 0.35 * randn(g, D, E),
+              "gate": 0.35 * randn(g, E, D, F), "up": 0.35 * randn(g, E, D, F),
+              "down": 0.35 * randn(g, E, F, D)}
+    for kk in (1, k):
+        assert moe_reference.top_k_margin(x, params["router"], kk) > MARGIN
+    return x, params
+
+
+def _layer(params, **kwargs):
+    kwargs = {"num_experts": E, "num_experts_per_tok": K, "intermediate_dim": F, **kwargs}
+    layer = keras_attn.MixtureOfExperts(**kwargs)
+    layer.build((None, None, D))
+    layer.router_kernel.assign(params["router"])
+    layer.gate_kernel.assign(params["gate"])
+    layer.intermediate_kernel.assign(params["up"])
+    layer.output_kernel.assign(params["down"])
+    return layer
+
+
+@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_each_path_matches_reference(implementation, norm_topk_prob):
+    x, params = _problem()
+    expected = moe_reference.mixture_of_experts(x, params, K, norm_topk_prob)
+    flipped = moe_reference.mixture_of_experts(x, params, K, not norm_topk_prob)
+    top1 = moe_reference.mixture_of_experts(x, params, 1, norm_topk_prob)
+    # The ablations move the numbers far past the float32 tolerance.
+    assert np.abs(expected - flipped).max() > 0.05 and np.abs(expected - top1).max() > 0.05
+    layer = _layer(params, norm_topk_prob=norm_topk_prob, implementation=implementation)
+    with keras_attn.observe_paths() as taken:
+        out = layer(x)
+    assert taken == {"moe_" + implementation: 1}
+    assert_close(out, expected, what=implementation)
+
+
+def test_auto_picks_dense_for_few_experts_and_sparse_for_many():
+    x, params = _problem()
+    with keras_attn.observe_paths() as taken:
+        _layer(params)(x)
+    assert taken == {"moe_dense": 1}
+    g = rng(3)
+    many = keras_attn.MixtureOfExperts(num_experts=8, num_experts_per_tok=2,
+                                       intermediate_dim=F)
+    with keras_attn.observe_paths() as taken:
+        many(randn(g, B, T, D))
+    assert taken == {"moe_sparse": 1}
+
+
+def test_sparse_path_with_skewed_loads_and_many_blocks():
+    """One token, every token on the same two experts, and more tokens than a block:
+    the padding of each expert's rows to whole blocks holds in every case."""
+    x, params = _problem()
+    skewed = dict(params, router=params["router"].copy())
+    skewed["router"][:, 2:] -= 50.0  # experts 2, 3 never chosen
+    for inputs, p in ((x[:1, :1], params), (x, skewed),
+                      (np.tile(x, (1, 8, 1)), params)):  # 80 tokens: 160 copies
+        expected = moe_reference.mixture_of_experts(inputs, p, K, True)
+        out = _layer(p, norm_topk_prob=True, implementation="sparse")(inputs)
+        assert_close(out, expected)
+
+
+@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+def test_gradients_and_aux_loss_match_reference(implementation):
+    if keras.backend.backend() == "numpy":
+        pytest.skip("the NumPy backend cannot differentiate")
+    x, params = _problem(34)
+    probe = randn(rng(2), B, T, D)
+    coef = 0.5
+    layer = _layer(params, implementation=implementation, norm_topk_prob=True,
+                   router_aux_loss_coef=coef)
+    weights = [layer.router_kernel, layer.gate_kernel, layer.intermediate_kernel,
+               layer.output_kernel]
+
+    def loss(x, *_):
+        out = layer(x, training=True)
+        return keras.ops.sum(out * keras.ops.convert_to_tensor(probe)) + sum(layer.losses)
+
+    value, grads = _device.value_and_grad(loss, [x, *weights])
+    names = ["x", "router", "gate", "up", "down"]
+    args = {"x": x.astype(np.float64), **{n: p.astype(np.float64) for n, p in params.items()}}
+
+    def f(**a):
+        p = {n: a[n] for n in names[1:]}
+        out = moe_reference.mixture_of_experts(a["x"], p, K, True)
+        return float((out * probe).sum()) + coef * moe_reference.load_balancing_loss(
+            a["x"], p["router"], K)
+
+    assert_close(value, f(**args), what="loss")
+    for name, grad in zip(names, grads, strict=True):
+        def g(v, name=name):
+            return f(**dict(args, **{name: v}))
+        assert_close(grad, numerical_gradient(g, args[name]), what=f"d/d{name}",
+                     quantity="gradient")
+
+
+def test_aux_loss_only_in_training_and_only_with_a_coefficient():
+    x, params = _problem()
+    layer = _layer(params, router_aux_loss_coef=0.25)
+    layer(x)
+    assert not layer.losses
+    layer(x, training=True)
+    (aux,) = layer.losses
+    expected = 0.25 * moe_reference.load_balancing_loss(x, params["router"], K)
+    assert_close(aux, np.asarray(expected))
+    # The check can fail: a uniform router's loss (k = 2) is not this one's.
+    assert abs(expected - 0.25 * K) > 1e-3
+    off = _layer(params)
+    off(x, training=True)
+    assert not off.losses
+
+
+def _torch_block(kind, params, norm_topk_prob=True):
+    torch = pytest.importorskip("torch")
+    if kind == "mixtral":
+        from transformers import MixtralConfig
+        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+        config = MixtralConfig(hidden_size=D, intermediate_size=F, num_local_experts=E,
+                               num_experts_per_tok=K)
+        block = MixtralSparseMoeBlock(config)
+    else:
+        from transformers import Qwen3MoeConfig
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+        config = Qwen3MoeConfig(hidden_size=D, moe_intermediate_size=F, num_experts=E,
+                                num_experts_per_tok=K, norm_topk_prob=norm_topk_prob)
+        block = Qwen3MoeSparseMoeBlock(config)
+    with torch.no_grad():
+        block.gate.weight.copy_(torch.tensor(params["router"].T))
+        gate_up = np.concatenate([params["gate"], params["up"]], axis=-1)  # (E, D, 2F)
+        block.experts.gate_up_proj.copy_(torch.tensor(gate_up.transpose(0, 2, 1)))
+        block.experts.down_proj.copy_(torch.tensor(params["down"].transpose(0, 2, 1)))
+    return block.eval()
+
+
+@pytest.mark.parametrize("kind, norm_topk_prob", [("mixtral", True), ("qwen3_moe", False),
+                                                  ("qwen3_moe", True)])
+def test_transformers_sparse_moe_blocks(kind, norm_topk_prob):
+    torch = pytest.importorskip("torch")
+    x, params = _problem(6)
+    block = _torch_block(kind, params, norm_topk_prob)
+    with torch.no_grad():
+        expected = block(torch.tensor(x)).numpy().astype(np.float64)
+    scale = np.abs(expected).max()
+    for implementation in ("dense", "sparse"):
+        out = to_numpy(_layer(params, norm_topk_prob=norm_topk_prob,
+                              implementation=implementation)(x))
+        assert np.abs(out - expected).max() <= 1e-5 * scale, implementation
+    # Ablations: the renormalisation flipped, and top-1 instead of top-2.
+    flipped = to_numpy(_layer(params, norm_topk_prob=not norm_topk_prob)(x))
+    top1 = to_numpy(_layer(params, norm_topk_prob=norm_topk_prob, num_experts_per_tok=1)(x))
+    assert np.abs(flipped - expected).max() > 1e-2 * scale
+    assert np.abs(top1 - expected).max() > 1e-2 * scale
+
+
+def test_config_round_trip_and_keras_file_in_a_decoder_block(tmp_path):
+    """As a block's `feed_forward=`: the `.keras` file reloads with the same outputs
+    (the file-level check that also runs under JAX and TensorFlow)."""
+    x, params = _problem()
+    moe = _layer(params, norm_topk_prob=True, implementation="sparse",
+                 router_aux_loss_coef=0.01, name="feed_forward")
+    config = moe.get_config()
+    again = keras_attn.MixtureOfExperts.from_config(config)
+    assert again.get_config() == config
+    block = keras_attn.TransformerDecoderLayer(
+        num_heads=shapes.H, feed_forward=moe, normalize_first=True)
+    inputs = keras.Input((T, D))
+    model = keras.Model(inputs, block(inputs))
+    expected = to_numpy(model(x))
+    path = tmp_path / "moe.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(to_numpy(loaded(x)), expected, rtol=1e-6, atol=1e-6)
+    moe_loaded = loaded.layers[-1].feed_forward
+    assert isinstance(moe_loaded, keras_attn.MixtureOfExperts)
+    np.testing.assert_array_equal(to_numpy(moe_loaded.router_kernel), params["router"])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_experts=0), r"Received: num_experts=0"),
+    (dict(num_experts_per_tok=5), r"Received: num_experts_per_tok=5"),
+    (dict(intermediate_dim=-1), r"Received: intermediate_dim=-1"),
+    (dict(router_aux_loss_coef=-0.1), r"Received: router_aux_loss_coef=-0.1"),
+    (dict(routing="sigmoid"), r"Received: routing='sigmoid'"),
+    (dict(implementation="grouped"), r"Received: implementation='grouped'"),
+])
+def test_bad_arguments_are_refused_by_name(kwargs, match):
+    kwargs = {"num_experts": E, "num_experts_per_tok": K, "intermediate_dim": F, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        keras_attn.MixtureOfExperts(**kwargs)
