@@ -167,6 +167,13 @@ CASES = {
                                             "rope_theta": 1e6}}),
         21, ("per-layer inputs dropped (per_layer_projection zeroed)", "zero_weights",
              {"names": ("per_layer_projection",)})),
+    # Issue 34: Mixtral, 4 experts, top-2 (F = 48 each), a window of 6. Ablation: the
+    # top-2 probabilities not renormalised (kind "feed_forward": every block's
+    # feed-forward config updated).
+    "mixtral": ("MixtralConfig", dict(
+        num_hidden_layers=2, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=6, tie_word_embeddings=False),
+        28, ("norm_topk_prob True -> False", "feed_forward", {"norm_topk_prob": False})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -207,6 +214,9 @@ def ablate(lm, name):
 
     _, kind, changes = CASES[name][3]
     config = lm.get_config()
+    if kind == "feed_forward":
+        for block in config["blocks"]:
+            block["config"]["feed_forward"]["config"].update(changes)
     if kind == "config":
         changes = dict(changes)
         where = changes.pop("where")
