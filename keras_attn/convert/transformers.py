@@ -167,7 +167,8 @@ def _experts_plan(entries, spec: ModelSpec, moe, sub, check):
     fused `mlp.experts.gate_up_proj` (E, 2F, D, gate rows first) and `down_proj` (E, D, F),
     cross-checked against the config, onto `MixtureOfExperts`' kernels."""
     D, E, F = spec.hidden_dim, moe.num_experts, moe.intermediate_dim
-    sizes = f"num_experts={E}, intermediate_size={F}, hidden_size={D}"
+    sizes = (f"num_experts={E}, the experts' F={F} (Mixtral's intermediate_size, "
+             f"Qwen3-MoE's moe_intermediate_size), hidden_size={D}")
     router = check(entries, sub + "mlp.gate.weight", (E, D), "(E, D)", sizes)
     gate_up = check(entries, sub + "mlp.experts.gate_up_proj", (E, 2 * F, D), "(E, 2F, D)",
                     sizes)

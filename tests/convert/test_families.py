@@ -196,6 +196,12 @@ REFUSED = [
                                         "original_max_position_embeddings": 4,
                                         "llama_4_scaling_beta": 0.1, "factor": 2.0}},
      "rope_parameters['factor']"),
+    # Issue 34: the mixtures' schedule and sizes.
+    ("mixtral", {"num_experts_per_tok": 5}, "num_experts_per_tok"),
+    ("qwen3_moe", {"mlp_only_layers": [2]}, "mlp_only_layers"),
+    ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
+    ("qwen3_moe", {"num_experts": 3, "num_local_experts": 4}, "num_experts"),
+    ("qwen3_moe", {"norm_topk_prob": None}, "norm_topk_prob"),
 ]
 
 
@@ -218,6 +224,9 @@ CROSS = [
     ("llama", {"tie_word_embeddings": True}, ["tie_word_embeddings=True", "lm_head.weight"]),
     ("llama", {"attention_bias": True}, ["q_proj.bias"]),
     ("llama", {"num_hidden_layers": 1}, ["model.layers.1."]),
+    ("mixtral", {"num_local_experts": 3}, ["num_experts=3", "mlp.gate.weight"]),
+    ("qwen3_moe", {"moe_intermediate_size": 32}, ["moe_intermediate_size", "F=32", "gate_up_proj"]),
+    ("qwen3_moe", {"mlp_only_layers": []}, ["model.layers.0.mlp.gate.weight"]),
 ]
 
 

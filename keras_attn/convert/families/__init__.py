@@ -32,7 +32,7 @@ __all__ = ["REFUSED", "family", "model_types"]
 _MODULES = {name: name for name in (
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
     "starcoder2", "gemma", "phi3", "granite", "ministral", "smollm3", "glm4",
-    "ministral3", "gpt_oss", "gemma4_text", "deepseek_v3", "mixtral")}
+    "ministral3", "gpt_oss", "gemma4_text", "deepseek_v3", "mixtral", "qwen3_moe")}
 
 
 # model_type -> why it is refused (known to keras_attn, deliberately not converted).

@@ -8,7 +8,7 @@ transformers 5 stores the experts fused: `mlp.experts.gate_up_proj` (E, 2F, D) a
 `mlp.experts.down_proj` (E, D, F), the router `mlp.gate.weight` (E, D).
 """
 
-from keras_attn.convert._transformers_config import _positive_int, _refuse, ModelSpec
+from keras_attn.convert._transformers_config import ModelSpec, _positive_int, _refuse
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "mixtral"
