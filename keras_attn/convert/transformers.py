@@ -2,7 +2,9 @@
 
 Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
 `gemma2`, `gemma3_text`, `gemma4_text`, `starcoder2`, `gemma`, `phi3`, `granite`,
-`ministral`, `ministral3`, `glm4` and `smollm3` (and the attention of `gpt_oss` and
+`ministral`, `ministral3`, `glm4`, `smollm3`, `mixtral` and `qwen3_moe` (their
+mixtures of experts a `MixtureOfExperts` per block, from `mlp.gate.weight` and the fused
+`mlp.experts.gate_up_proj` / `down_proj`) (and the attention of `gpt_oss` and
 `deepseek_v3`: their blocks' mixture of experts is refused by name; `deepseek_v32` and
 `deepseek_v4` are refused as `families.REFUSED` says), each a module of
 `keras_attn.convert.families` (its fields, its spec, and its own weight names renamed or
