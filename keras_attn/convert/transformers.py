@@ -144,6 +144,7 @@ def _block(spec: ModelSpec, index, name=None, dtype=None):
     _check_feed_forward(spec)
     activation = gelu_approximate if spec.activation == "gelu_approximate" else spec.activation
     moe = spec.layers[index].mixture_of_experts
+    feed_forward: dict[str, Any]
     if moe is None:
         feed_forward = dict(
             intermediate_dim=spec.layers[index].intermediate_dim or spec.intermediate_dim,
