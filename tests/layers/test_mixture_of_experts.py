@@ -9,6 +9,7 @@ import pytest
 
 import keras_attn
 from keras_attn import _device
+from keras_attn.layers.mixture_of_experts import load_balancing_loss
 from keras_attn.testing import moe_reference
 from keras_attn.testing.reference import numerical_gradient
 
@@ -100,8 +101,12 @@ def test_gradients_and_aux_loss_match_reference(implementation):
                layer.output_kernel]
 
     def loss(x, *_):
-        out = layer(x, training=True)
-        return keras.ops.sum(out * keras.ops.convert_to_tensor(probe)) + sum(layer.losses)
+        out = layer(x)
+        # The loss `add_loss` receives in training (that it is added is checked eagerly
+        # below; JAX's stateless gradient scope collects it outside `layer.losses`).
+        _, indices, probs = layer.route(keras.ops.reshape(x, (-1, D)))
+        aux = coef * load_balancing_loss(probs, indices, E)
+        return keras.ops.sum(out * keras.ops.convert_to_tensor(probe)) + aux
 
     value, grads = _device.value_and_grad(loss, [x, *weights])
     names = ["x", "router", "gate", "up", "down"]
