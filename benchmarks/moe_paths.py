@@ -1,7 +1,7 @@
-"""MixtureOfExperts' dense path (every expert on every token) against its sparse path (each
-token's k experts' weights gathered), per token count N, timed with interleaved repeats
-(median and spread): the measurement behind `implementation="auto"`'s rule (sparse when
-N k < E).
+"""MixtureOfExperts' dense path (every expert on every token) against its sparse path (the
+token copies sorted by expert into blocks, each block through its expert), per token count
+N, timed with interleaved repeats (median and spread): what `implementation="auto"`'s rule
+(dense up to 4 experts, else sparse) is to be set from.
 
     KERAS_BACKEND=torch python benchmarks/moe_paths.py
 
@@ -53,8 +53,9 @@ def main():
             medians[path] = statistics.median(ms)
             print(f"{keras.backend.backend()} N={N:4d} {path:6s} median {medians[path]:8.3f} ms "
                   f"(min {min(ms):.3f}, max {max(ms):.3f})")
-        auto = "sparse" if N * args.top_k < args.experts else "dense"
-        print(f"  sparse/dense {medians['sparse'] / medians['dense']:.2f}; auto takes {auto}")
+        layer.implementation = "auto"
+        print(f"  sparse/dense {medians['sparse'] / medians['dense']:.2f}; "
+              f"auto takes {layer._chosen_path()}")
 
 
 if __name__ == "__main__":

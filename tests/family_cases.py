@@ -204,6 +204,20 @@ CASES = {
         rms_norm_eps=DROP),
         24, ("positions dropped (position_embedding zeroed)", "zero_weights",
              {"names": ("position_embedding",)})),
+    # Issue 34: Mixtral, 4 experts, top-2 (F = 48 each), a window of 6. Ablation: the
+    # top-2 probabilities not renormalised (kind "feed_forward": every block's
+    # feed-forward config updated).
+    "mixtral": ("MixtralConfig", dict(
+        num_hidden_layers=2, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=6, tie_word_embeddings=False),
+        28, ("norm_topk_prob True -> False", "feed_forward", {"norm_topk_prob": False})),
+    # Qwen3-MoE: layer 0 dense (mlp_only_layers), layer 1 a mixture of 4 experts, top-2,
+    # F = 48 each, not renormalised. Ablation: top-1 instead of top-2.
+    "qwen3_moe": ("Qwen3MoeConfig", dict(
+        num_hidden_layers=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[0],
+        decoder_sparse_step=1, tie_word_embeddings=False),
+        29, ("num_experts_per_tok 2 -> 1", "feed_forward", {"num_experts_per_tok": 1})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -247,6 +261,10 @@ def ablate(lm, name):
 
     _, kind, changes = CASES[name][3]
     config = lm.get_config()
+    if kind == "feed_forward":
+        for block in config["blocks"]:  # the given feed-forwards (the mixtures) only
+            if block["config"].get("feed_forward") is not None:
+                block["config"]["feed_forward"]["config"].update(changes)
     if kind == "config":
         changes = dict(changes)
         where = changes.pop("where")

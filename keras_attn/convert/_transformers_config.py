@@ -62,6 +62,10 @@ class LayerSpec:
     num_key_value_heads: int | None = None
     intermediate_dim: int | None = None  # this layer's F (Gemma 4's double-wide MLP), or None
     kv_source: int | None = None  # the layer whose keys and values this one reuses, or None
+    # `MixtureOfExperts` keywords when this layer's feed-forward is a mixture of experts
+    # (`num_experts`, `num_experts_per_tok`, `intermediate_dim`, `norm_topk_prob`), or None
+    # for the dense MLP (Qwen3-MoE's `mlp_only_layers` / `decoder_sparse_step` schedule).
+    mixture_of_experts: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass

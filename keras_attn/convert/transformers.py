@@ -2,8 +2,10 @@
 
 Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
 `gemma2`, `gemma3_text`, `gemma4_text`, `starcoder2`, `gemma`, `phi3`, `granite`,
-`ministral`, `ministral3`, `glm4`, `smollm3`, `olmo2`, `olmo3` and `exaone4` (and the
-attention of `gpt_oss` and
+`ministral`, `ministral3`, `glm4`, `smollm3`, `olmo2`, `olmo3`, `exaone4`, `cohere2`,
+`gpt2`, `mixtral` and `qwen3_moe` (their mixtures of experts a `MixtureOfExperts` per
+block, from `mlp.gate.weight` and the fused `mlp.experts.gate_up_proj` / `down_proj`) (and
+the attention of `gpt_oss` and
 `deepseek_v3`: their blocks' mixture of experts is refused by name; `deepseek_v32` and
 `deepseek_v4` are refused as `families.REFUSED` says), each a module of
 `keras_attn.convert.families` (its fields, its spec, and its own weight names renamed or
@@ -49,6 +51,7 @@ from keras_attn.convert import _common, families, pretrained
 from keras_attn.convert._common import cross_check as _cross_check
 from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
 from keras_attn.layers._common import gelu_approximate
+from keras_attn.layers.mixture_of_experts import MixtureOfExperts
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
 from keras_attn.models.causal_lm import CausalLM
@@ -148,19 +151,46 @@ def _check_feed_forward(spec: ModelSpec):
 def _block(spec: ModelSpec, index, name=None, dtype=None):
     """The unbuilt `TransformerDecoderLayer` of layer `index`."""
     _check_feed_forward(spec)
+    activation = gelu_approximate if spec.activation == "gelu_approximate" else spec.activation
+    moe = spec.layers[index].mixture_of_experts
+    feed_forward: dict[str, Any]
+    if moe is None:
+        feed_forward = dict(
+            intermediate_dim=spec.layers[index].intermediate_dim or spec.intermediate_dim,
+            gated_feed_forward=spec.gated_feed_forward, activation=activation,
+            feed_forward_use_bias=spec.mlp_bias)
+    else:  # the block's `feed_forward=`: the dense MLP's flat arguments stay unset
+        feed_forward = dict(feed_forward=MixtureOfExperts(
+            **moe, activation=activation, name="feed_forward", dtype=dtype))
     return TransformerDecoderLayer(
         spec.num_heads,
-        intermediate_dim=spec.layers[index].intermediate_dim or spec.intermediate_dim,
         key_dim=spec.layer_head_dim(index), num_key_value_heads=spec.layer_kv_heads(index),
-        normalization=spec.normalization, normalize_first=True, gated_feed_forward=spec.gated_feed_forward,
-        activation=gelu_approximate if spec.activation == "gelu_approximate" else spec.activation,
+        normalization=spec.normalization, normalize_first=True,
         layer_norm_epsilon=spec.epsilon, use_bias=spec.mlp_bias,
         attention_use_bias=spec.qkv_bias, attention_output_use_bias=spec.output_bias,
-        feed_forward_use_bias=spec.mlp_bias,
         use_post_attention_norm=spec.sandwich_norms or not spec.input_norms,
         use_post_ffw_norm=spec.sandwich_norms or not spec.input_norms,
         attention_dropout=spec.attention_dropout,
-        name=name, dtype=dtype, **_block_options(spec), **spec.layers[index].attention)
+        name=name, dtype=dtype, **feed_forward, **_block_options(spec),
+        **spec.layers[index].attention)
+
+
+def _experts_plan(entries, spec: ModelSpec, moe, sub, check):
+    """A mixture of experts' entries: transformers 5's `mlp.gate.weight` (E, D) and the
+    fused `mlp.experts.gate_up_proj` (E, 2F, D, gate rows first) and `down_proj` (E, D, F),
+    cross-checked against the config, onto `MixtureOfExperts`' kernels."""
+    D, E, F = spec.hidden_dim, moe.num_experts, moe.intermediate_dim
+    sizes = (f"num_experts={E}, the experts' F={F} (Mixtral's intermediate_size, "
+             f"Qwen3-MoE's moe_intermediate_size), hidden_size={D}")
+    router = check(entries, sub + "mlp.gate.weight", (E, D), "(E, D)", sizes)
+    gate_up = check(entries, sub + "mlp.experts.gate_up_proj", (E, 2 * F, D), "(E, 2F, D)",
+                    sizes)
+    down = check(entries, sub + "mlp.experts.down_proj", (E, D, F), "(E, D, F)", sizes)
+    return [(moe.router_kernel, router.T, "mlp.gate weight"),
+            (moe.gate_kernel, gate_up[:, :F].transpose(0, 2, 1), "mlp.experts.gate_up_proj"),
+            (moe.intermediate_kernel, gate_up[:, F:].transpose(0, 2, 1),
+             "mlp.experts.gate_up_proj"),
+            (moe.output_kernel, down.transpose(0, 2, 1), "mlp.experts.down_proj")]
 
 
 def _block_options(spec):
@@ -232,6 +262,9 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
     D, F = spec.hidden_dim, block.intermediate_dim or spec.intermediate_dim
     plan = _attention_plan(entries, spec, block.self_attention, sub + "self_attn.", check)
     ff = block.feed_forward
+    if isinstance(ff, MixtureOfExperts):
+        plan += _experts_plan(entries, spec, ff, sub, check)
+        return plan + _block_norms_plan(entries, spec, block, sub, check)
     sizes = f"intermediate_size={F}, hidden_size={D}"
     if F != spec.intermediate_dim:
         sizes = (f"intermediate_size={spec.intermediate_dim} (this layer's F={F}: "
@@ -249,6 +282,13 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
             raise ValueError(f"The config and the weights disagree: mlp_bias=False but "
                              f"state_dict has {entries.key(name + '.bias')}.")
         plan += _common.dense_plan(dense, w.T, b, f"mlp.{part}_proj")
+    return plan + _block_norms_plan(entries, spec, block, sub, check)
+
+
+def _block_norms_plan(entries, spec: ModelSpec, block, sub, check):
+    """A decoder layer's norms, per-layer input and layer scalar (after its MLP's)."""
+    D = spec.hidden_dim
+    plan = []
     norms = [("input_layernorm", block.self_attention_norm)]
     if spec.sandwich_norms:
         norms += [("post_attention_layernorm", block.post_attention_norm),

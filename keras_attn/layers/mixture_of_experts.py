@@ -1,4 +1,9 @@
-"""A sparse mixture of gated feed-forward experts (Shazeer et al., 2017; Mixtral, Qwen3-MoE)."""
+"""A mixture of gated-MLP experts behind a top-k router (Mixtral, Qwen3-MoE).
+
+Shazeer et al. 2017, "Outrageously Large Neural Networks: The Sparsely-Gated
+Mixture-of-Experts Layer"; the load-balancing loss of Fedus et al. 2021,
+"Switch Transformers" (Eqs. 4-6), as transformers' `load_balancing_loss_func`.
+"""
 
 from collections.abc import Callable
 
@@ -6,73 +11,117 @@ import keras
 from keras import ops
 
 from keras_attn._observe import record_path
-from keras_attn._shapes import static_shape
 from keras_attn._typing import Initializer
-from keras_attn._validation import check_positive_int, check_rank
+from keras_attn._validation import check_positive_int
 from keras_attn.layers._common import clone_initializer
 
-__all__ = ["IMPLEMENTATIONS", "ROUTINGS", "MixtureOfExperts"]
+__all__ = ["MixtureOfExperts"]
 
-# routing -> what it computes (a new rule is an entry here and a branch in `route`).
-ROUTINGS = {
-    "softmax_topk": "softmax over all experts' logits, then the top k (transformers' "
-                    "MixtralTopKRouter and Qwen3MoeTopKRouter)",
-}
 IMPLEMENTATIONS = ("auto", "dense", "sparse")
+# "auto" runs every expert on every token up to this many experts, the sparse dispatch
+# above it. A guess (the dense path is one einsum, the sparse one sorts and gathers),
+# not a measurement: the benchmark of issue 34 is to set it.
+DENSE_UP_TO_EXPERTS = 4
+# Rows per block of the sparse dispatch (at most; fewer when there are fewer tokens).
+SPARSE_BLOCK_ROWS = 64
+
+
+def softmax_topk(logits, num_experts_per_tok, norm_topk_prob):
+    """Mixtral / Qwen3-MoE routing: softmax over all experts, top-k, optional renormalising.
+
+    Args:
+        logits: `(N, E)` float32 router logits.
+        num_experts_per_tok: k.
+        norm_topk_prob: divide the k kept probabilities by their sum.
+
+    Returns:
+        `(weights, indices, probs)`: `(N, k)` float32 weights, `(N, k)` int32 expert
+        indices, and the `(N, E)` probabilities the load-balancing loss reads.
+    """
+    probs = ops.softmax(logits, axis=-1)
+    weights, indices = ops.top_k(probs, num_experts_per_tok)
+    if norm_topk_prob:
+        weights = weights / ops.sum(weights, axis=-1, keepdims=True)
+    return weights, ops.cast(indices, "int32"), probs
+
+
+# A routing rule is named here: `rule(logits, k, norm_topk_prob) -> (weights, indices,
+# probs)`. Later rules (gpt-oss's softmax over the top-k logits, DeepSeek V3's sigmoid
+# with a selection-only bias and groups, Llama 4's sigmoid top-1) are new entries.
+ROUTING = {"softmax_topk": softmax_topk}
+
+
+def load_balancing_loss(probs, indices, num_experts):
+    """transformers' `load_balancing_loss_func` for one layer, no attention mask.
+
+    `E * sum_e f_e * P_e`, `f_e` the share of the N*k assignments that went to expert e
+    times k (counts / N), `P_e` the mean router probability of e. `f` is a count: its
+    gradient is zero, as in transformers (`torch.histc`); the gradient flows through P.
+    """
+    rows = ops.cast(ops.shape(probs)[0], "float32")
+    counts = ops.sum(ops.one_hot(indices, num_experts, dtype="float32"), axis=(0, 1))
+    return num_experts * ops.sum((counts / rows) * (ops.sum(probs, axis=0) / rows))
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class MixtureOfExperts(keras.layers.Layer):
-    """A sparse mixture of gated feed-forward experts: each token runs through the k experts
-    its router picks, their outputs summed with the router's weights.
+    """A router picks k of E gated-MLP experts per token; their outputs, weighted, sum.
 
-    For a token x (width D), with E experts of width F and top-k routing
-    (`routing="softmax_topk"`, as transformers' Mixtral and Qwen3-MoE):
+    `y = sum_{e in topk(x)} w_e(x) * W_down_e (act(W_gate_e x) * W_up_e x)`, with
+    `routing="softmax_topk"`: `p = softmax(x W_router)` over all E experts, the k largest
+    kept, divided by their sum when `norm_topk_prob` (transformers'
+    `Qwen3MoeTopKRouter`). Mixtral's `MixtralTopKRouter` always divides (it has no
+    `norm_topk_prob` field): a Mixtral layer is `norm_topk_prob=True`. The router's
+    softmax runs in float32 whatever the compute dtype, as transformers does.
 
-        p = softmax(x W_router)                     # (E,), in float32 at least
-        w, i = top_k(p, k)                          # w / sum(w) if norm_topk_prob
-        y = sum_j w_j * W_down[i_j] (act(x W_gate[i_j]) * (x W_up[i_j]))
+    No token is dropped: every token runs through its k experts whatever the load
+    (no capacity factor), as Mixtral and Qwen3-MoE do.
 
-    No token is dropped: there is no capacity limit (Mixtral, Qwen3-MoE and the other
-    families converted here route every token to its k experts). Mixtral always
-    renormalises the top-k weights (`norm_topk_prob=True`, the default here); Qwen3-MoE
-    reads `norm_topk_prob` from its config.
+    Two computations give the same numbers:
+        - "dense": every expert on every token (`E * N` expert calls), weighted by the
+          routing weights, zero for the experts not chosen. Exact and simple; the
+          cheaper one for a few experts.
+        - "sparse": each token only through its k experts. The `N * k` token copies are
+          sorted by expert into blocks of at most 64 rows, one expert per block (each
+          expert's rows padded to whole blocks), and each block runs one batched matmul
+          against its expert's gathered weights; the outputs are gathered back. Every
+          shape follows from the input's (`ceil(N k / b) + E` blocks of `b` rows), so
+          JAX and TensorFlow compile it once per input shape.
+        - "auto": "dense" up to 4 experts, "sparse" above (a threshold not yet
+          measured). The path taken is recorded for `keras_attn.observe_paths()` as
+          "moe_dense" or "moe_sparse".
 
-    Shapes: B batch, T length, D model width, E `num_experts`, k `num_experts_per_tok`,
-    F `intermediate_dim`, N = B * T tokens.
+    Weights (a contract): `router_kernel` `(D, E)`; the experts' kernels stacked on a
+    leading expert axis, named after `PositionwiseFeedForward(gated=True)`'s sublayers:
+    `gate_kernel` `(E, D, F)` (W_gate, with the activation), `intermediate_kernel`
+    `(E, D, F)` (W_up) and `output_kernel` `(E, F, D)` (W_down). No biases.
+    transformers' fused `experts.gate_up_proj` `(E, 2F, D)` is `[gate; up]` transposed.
+
+    Hook: a shared expert (Qwen3-Next, DeepSeek V3, Llama 4: a dense MLP every token
+    runs, plain or sigmoid-gated) is a later addition, summed in `call` where marked.
+
+    Shapes: B batch, T length, D width, E `num_experts`, k `num_experts_per_tok`,
+    F `intermediate_dim`, N = B*T tokens.
 
     Args:
-        num_experts: E (transformers' `num_local_experts` / `num_experts`).
+        num_experts: E.
         num_experts_per_tok: k, the experts each token runs through (1 <= k <= E).
-        intermediate_dim: F, each expert's hidden width (`intermediate_size`, or
-            `moe_intermediate_size` where a family has both).
-        activation: the gate's activation (`hidden_act`), default "silu" (SwiGLU).
-        norm_topk_prob: divide the k weights by their sum.
-        routing: the routing rule, a key of `ROUTINGS`.
-        router_aux_loss_coef: the weight of the router's load-balancing loss, added
-            with `add_loss` in training only (0, the default: none). The loss is
-            transformers' `load_balancing_loss_func` over this layer's router logits:
-            `E * sum_e f_e P_e`, f_e the share of the N k assignments that go to expert
-            e and P_e the mean router probability of e. transformers sums the counts
-            and probabilities over all layers before multiplying; per layer, the two
-            agree for a model with one MoE layer.
-        implementation: "dense" (every expert on every token, weighted by the routing
-            weights, zero outside the top k: E/k times the FLOPs, but one matmul per
-            weight), "sparse" (each token's k experts' weights gathered and applied to
-            it: N k weight copies read), or "auto" (default): sparse when N k < E,
-            where it reads fewer expert weights than dense (decoding a few tokens), and
-            where N is not known, dense. `keras_attn.observe_paths` counts
-            "moe_dense" / "moe_sparse".
-        kernel_initializer: initializer of the router and expert kernels.
+        intermediate_dim: F, the hidden width of each expert.
+        activation: the gate's activation ("silu": SwiGLU experts).
+        norm_topk_prob: renormalise the k kept probabilities to sum to 1.
+        router_aux_loss_coef: the weight of the load-balancing loss, added through
+            `add_loss` when called with `training=True` (0, the default: none). Per
+            layer: `coef * E * sum_e f_e P_e` over this call's B*T tokens (padding
+            included: the feed-forward sees no mask). transformers computes one loss
+            from all layers' logits concatenated, which for L layers is not the sum of
+            the L per-layer losses.
+        routing: the routing rule's name; "softmax_topk" is the only one yet.
+        implementation: "auto", "dense" or "sparse" (above).
+        kernel_initializer: initializer of every kernel.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
-    Weights: `router/kernel` `(D, E)` (transformers' `gate.weight` transposed),
-    `gate_kernel` and `intermediate_kernel` `(E, D, F)` (the halves of transformers'
-    `experts.gate_up_proj`, transposed), `output_kernel` `(E, F, D)` (`experts.down_proj`
-    transposed).
-
     Call arguments:
-        inputs: `(B, T, D)`.
+        inputs: `(B, T, D)` (any leading dims work).
         training: whether the load-balancing loss is added.
 
     Returns:
@@ -81,40 +130,43 @@ class MixtureOfExperts(keras.layers.Layer):
     Example:
 
     >>> import numpy as np
-    >>> moe = MixtureOfExperts(num_experts=4, num_experts_per_tok=2, intermediate_dim=8)
-    >>> tuple(moe(np.zeros((2, 3, 16), "float32")).shape)
-    (2, 3, 16)
+    >>> moe = MixtureOfExperts(num_experts=4, num_experts_per_tok=2, intermediate_dim=32)
+    >>> tuple(moe(np.zeros((2, 5, 16), "float32")).shape)
+    (2, 5, 16)
     """
 
-    def __init__(self, num_experts: int, num_experts_per_tok: int, intermediate_dim: int,
-                 activation: str | Callable = "silu", norm_topk_prob: bool = True,
-                 routing: str = "softmax_topk", router_aux_loss_coef: float = 0.0,
-                 implementation: str = "auto",
-                 kernel_initializer: Initializer = "glorot_uniform", **kwargs):
+    def __init__(
+        self,
+        num_experts: int,
+        num_experts_per_tok: int,
+        intermediate_dim: int,
+        activation: str | Callable = "silu",
+        norm_topk_prob: bool = False,
+        router_aux_loss_coef: float = 0.0,
+        routing: str = "softmax_topk",
+        implementation: str = "auto",
+        kernel_initializer: Initializer = "glorot_uniform",
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.num_experts = check_positive_int("num_experts", num_experts)
-        self.num_experts_per_tok = check_positive_int("num_experts_per_tok",
-                                                      num_experts_per_tok)
+        self.num_experts_per_tok = check_positive_int("num_experts_per_tok", num_experts_per_tok)
         if self.num_experts_per_tok > self.num_experts:
             raise ValueError(
-                "`num_experts_per_tok` must be at most `num_experts`. Received: "
-                f"num_experts_per_tok={num_experts_per_tok}, num_experts={num_experts}")
+                "`num_experts_per_tok` must be at most `num_experts` "
+                f"({self.num_experts}). Received: num_experts_per_tok={num_experts_per_tok!r}")
         self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
         self.activation = keras.activations.get(activation)
-        if not isinstance(norm_topk_prob, bool):
-            raise ValueError("`norm_topk_prob` must be a bool. "
-                             f"Received: norm_topk_prob={norm_topk_prob!r}")
-        self.norm_topk_prob = norm_topk_prob
-        if routing not in ROUTINGS:
-            raise ValueError(f"`routing` must be one of {sorted(ROUTINGS)}. "
-                             f"Received: routing={routing!r}")
-        self.routing = routing
-        if (isinstance(router_aux_loss_coef, bool)
-                or not isinstance(router_aux_loss_coef, (int, float))
-                or router_aux_loss_coef < 0):
-            raise ValueError("`router_aux_loss_coef` must be a float >= 0. "
+        self.norm_topk_prob = bool(norm_topk_prob)
+        if isinstance(router_aux_loss_coef, bool) or not isinstance(
+                router_aux_loss_coef, (int, float)) or not router_aux_loss_coef >= 0:
+            raise ValueError("`router_aux_loss_coef` must be a number >= 0. "
                              f"Received: router_aux_loss_coef={router_aux_loss_coef!r}")
         self.router_aux_loss_coef = float(router_aux_loss_coef)
+        if routing not in ROUTING:
+            raise ValueError(f"`routing` must be one of {sorted(ROUTING)}. "
+                             f"Received: routing={routing!r}")
+        self.routing = routing
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f"`implementation` must be one of {IMPLEMENTATIONS}. "
                              f"Received: implementation={implementation!r}")
@@ -122,90 +174,92 @@ class MixtureOfExperts(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True  # per token: a Keras mask passes through
 
+    def _kernel(self, shape, name):
+        return self.add_weight(shape=shape, name=name,
+                               initializer=clone_initializer(self.kernel_initializer))
+
     def build(self, input_shape):
-        D = check_rank("inputs", input_shape, 3, "(B, T, D)")[-1]
-        E, F = self.num_experts, self.intermediate_dim
-        self.router = keras.layers.Dense(
-            E, use_bias=False, kernel_initializer=clone_initializer(self.kernel_initializer),
-            dtype=self.dtype_policy, name="router")
-        self.router.build(tuple(input_shape))
-
-        def expert_weight(name, shape):
-            return self.add_weight(name=name, shape=shape,
-                                   initializer=clone_initializer(self.kernel_initializer))
-
-        self.gate_kernel = expert_weight("gate_kernel", (E, D, F))
-        self.intermediate_kernel = expert_weight("intermediate_kernel", (E, D, F))
-        self.output_kernel = expert_weight("output_kernel", (E, F, D))
+        D, E, F = input_shape[-1], self.num_experts, self.intermediate_dim
+        self.router_kernel = self._kernel((D, E), "router_kernel")
+        self.gate_kernel = self._kernel((E, D, F), "gate_kernel")
+        self.intermediate_kernel = self._kernel((E, D, F), "intermediate_kernel")
+        self.output_kernel = self._kernel((E, F, D), "output_kernel")
         self.built = True
 
-    def route(self, x):
-        """The routing of tokens `x` `(N, D)`: `(weights (N, k), indices (N, k), logits
-        (N, E))`, the weights and logits in float32 (float64 for a float64 layer)."""
-        logits = self.router(x)  # (N, E)
-        compute = "float64" if keras.backend.standardize_dtype(
-            logits.dtype) == "float64" else "float32"
-        logits = ops.cast(logits, compute)
-        probabilities = ops.softmax(logits, axis=-1)  # (N, E)
-        weights, indices = ops.top_k(probabilities, self.num_experts_per_tok)  # (N, k) each
-        if self.norm_topk_prob:
-            weights = weights / ops.sum(weights, axis=-1, keepdims=True)
-        return weights, indices, logits
+    def route(self, tokens):
+        """`(weights, indices, probs)` for `(N, D)` tokens (see `softmax_topk`)."""
+        logits = ops.cast(ops.matmul(tokens, self.router_kernel), "float32")
+        return ROUTING[self.routing](logits, self.num_experts_per_tok, self.norm_topk_prob)
 
-    def _choose_path(self, tokens):
+    def _chosen_path(self):
         if self.implementation != "auto":
             return self.implementation
-        if tokens is None:  # not known while tracing: dense reads each weight once
-            return "dense"
-        return "sparse" if tokens * self.num_experts_per_tok < self.num_experts else "dense"
+        return "dense" if self.num_experts <= DENSE_UP_TO_EXPERTS else "sparse"
 
     def call(self, inputs, training=None):
-        B, T, D = static_shape(inputs)
-        x = ops.reshape(inputs, (-1, D))  # (N, D)
-        weights, indices, logits = self.route(x)
-        tokens = B * T if B is not None and T is not None else None
-        path = record_path(f"moe_{self._choose_path(tokens)}")
-        weights = ops.cast(weights, x.dtype)
+        shape = ops.shape(inputs)
+        tokens = ops.reshape(inputs, (-1, shape[-1]))  # (N, D)
+        weights, indices, probs = self.route(tokens)
+        weights = ops.cast(weights, self.compute_dtype)
+        path = record_path("moe_" + self._chosen_path())
         if path == "moe_dense":
-            y = self._all_experts(x, weights, indices)
+            out = self._dense_experts(tokens, weights, indices)
         else:
-            y = self._routed_experts(x, weights, indices)
+            out = self._sparse_experts(tokens, weights, indices)
+        # Hook: a shared expert's output is added to `out` here (a later addition).
         if training and self.router_aux_loss_coef:
-            self.add_loss(self.router_aux_loss_coef * self.load_balancing_loss(logits))
-        return ops.reshape(y, ops.shape(inputs))  # (B, T, D)
+            self.add_loss(self.router_aux_loss_coef
+                          * load_balancing_loss(probs, indices, self.num_experts))
+        return ops.reshape(out, shape)
 
-    def _all_experts(self, x, weights, indices):
-        """Every expert on every token; the routing weights `(N, E)` zero outside the top k."""
-        routed = ops.sum(ops.one_hot(indices, self.num_experts, dtype=x.dtype)
-                         * weights[..., None], axis=1)  # (N, E)
-        gate = ops.einsum("nd,edf->enf", x, self.gate_kernel)  # (E, N, F)
-        up = ops.einsum("nd,edf->enf", x, self.intermediate_kernel)  # (E, N, F)
-        out = ops.matmul(self.activation(gate) * up, self.output_kernel)  # (E, N, D)
-        return ops.einsum("ne,end->nd", routed, out)  # (N, D)
+    def _dense_experts(self, tokens, weights, indices):
+        # (N, E) routing weights: w_j at the chosen experts, 0 elsewhere.
+        combine = ops.sum(ops.one_hot(indices, self.num_experts, dtype=self.compute_dtype)
+                          * weights[..., None], axis=1)
+        gate = self.activation(ops.einsum("nd,edf->enf", tokens, self.gate_kernel))
+        hidden = gate * ops.einsum("nd,edf->enf", tokens, self.intermediate_kernel)
+        expert_out = ops.einsum("enf,efd->end", hidden, self.output_kernel)  # (E, N, D)
+        return ops.einsum("ne,end->nd", combine, expert_out)
 
-    def _routed_experts(self, x, weights, indices):
-        """Each token through its k experts only: their weights gathered per assignment."""
-        k = self.num_experts_per_tok
-        flat = ops.reshape(indices, (-1,))  # (N k,)
-        rows = ops.repeat(x, k, axis=0)[:, None, :]  # (N k, 1, D), token n's k copies in a row
-        gate = ops.matmul(rows, ops.take(self.gate_kernel, flat, axis=0))  # (N k, 1, F)
-        up = ops.matmul(rows, ops.take(self.intermediate_kernel, flat, axis=0))  # (N k, 1, F)
-        out = ops.matmul(self.activation(gate) * up,
-                         ops.take(self.output_kernel, flat, axis=0))[:, 0]  # (N k, D)
-        out = ops.reshape(out, (-1, k, ops.shape(x)[-1]))  # (N, k, D)
-        return ops.sum(out * weights[..., None], axis=1)  # (N, D)
-
-    def load_balancing_loss(self, logits):
-        """transformers' `load_balancing_loss_func` of router `logits` `(N, E)`: `E * sum_e
-        f_e P_e` (f_e the share of the N k top-k assignments to e, P_e its mean softmax
-        probability); its gradient flows through P only, as there."""
-        E = self.num_experts
-        probabilities = ops.softmax(logits, axis=-1)  # (N, E)
-        _, selected = ops.top_k(probabilities, self.num_experts_per_tok)  # (N, k)
-        counts = ops.sum(ops.one_hot(selected, E, dtype=probabilities.dtype), axis=(0, 1))
-        rows = ops.cast(ops.shape(probabilities)[0], probabilities.dtype)
-        share = ops.stop_gradient(counts / rows)  # (E,): sums to k
-        return E * ops.sum(share * ops.mean(probabilities, axis=0))
+    def _sparse_experts(self, tokens, weights, indices):
+        E, k = self.num_experts, self.num_experts_per_tok
+        static_n = tokens.shape[0]
+        assignments = None if static_n is None else static_n * k  # A = N k
+        rows = SPARSE_BLOCK_ROWS if assignments is None else max(
+            1, min(SPARSE_BLOCK_ROWS, -(-assignments // E)))
+        experts = ops.reshape(indices, (-1,))  # (A,) the expert of each token copy
+        A = ops.shape(experts)[0]
+        # Each expert's rows padded to whole blocks: its first slot in the padded buffer.
+        counts = ops.sum(ops.one_hot(experts, E, dtype="int32"), axis=0)  # (E,)
+        padded = (counts + rows - 1) // rows * rows
+        padded_end = ops.cumsum(padded)
+        padded_start = padded_end - padded
+        start = ops.cumsum(counts) - counts
+        order = ops.cast(ops.argsort(experts), "int32")  # copies sorted by expert
+        sorted_experts = ops.take(experts, order)
+        rank = ops.arange(A, dtype="int32") - ops.take(start, sorted_experts)
+        slot_sorted = ops.take(padded_start, sorted_experts) + rank
+        # slot[a]: where copy a sits in the buffer (the inverse of the sort).
+        slot = ops.scatter(order[:, None], slot_sorted, (A,))
+        # Blocks: A // rows + E bounds the padded total (each expert pads < rows).
+        blocks = A // rows + E
+        capacity = blocks * rows
+        width = tokens.shape[-1]
+        # Sorted copy i is token order[i] // k (indices are (N, k) flattened).
+        buffer = ops.scatter(slot_sorted[:, None], ops.take(tokens, order // k, axis=0),
+                             (capacity, width))
+        starts = ops.arange(blocks, dtype="int32") * rows
+        # A block's expert: the number of padded ranges that end at or before its start
+        # (blocks past every range are zeros; any expert will do, clipped to E - 1).
+        block_expert = ops.minimum(
+            ops.sum(ops.cast(padded_end[None, :] <= starts[:, None], "int32"), axis=1), E - 1)
+        x = ops.reshape(buffer, (blocks, rows, -1))
+        gate = self.activation(ops.matmul(x, ops.take(self.gate_kernel, block_expert, axis=0)))
+        hidden = gate * ops.matmul(x, ops.take(self.intermediate_kernel, block_expert, axis=0))
+        y = ops.matmul(hidden, ops.take(self.output_kernel, block_expert, axis=0))
+        y = ops.take(ops.reshape(y, (capacity, -1)), slot, axis=0)  # (A, D), copy order
+        y = ops.reshape(y, (-1, k, width)) * weights[..., None]
+        return ops.sum(y, axis=1)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -218,8 +272,8 @@ class MixtureOfExperts(keras.layers.Layer):
             "intermediate_dim": self.intermediate_dim,
             "activation": keras.activations.serialize(self.activation),
             "norm_topk_prob": self.norm_topk_prob,
-            "routing": self.routing,
             "router_aux_loss_coef": self.router_aux_loss_coef,
+            "routing": self.routing,
             "implementation": self.implementation,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
         })

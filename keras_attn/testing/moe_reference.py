@@ -1,51 +1,62 @@
-"""Float64 NumPy reference of a mixture of experts (written from transformers'
-`MixtralSparseMoeBlock` / `Qwen3MoeSparseMoeBlock` and `load_balancing_loss_func`, one
-token and one expert at a time). Imports NumPy and this folder only."""
+"""The float64 NumPy reference of a softmax-top-k mixture of experts and its aux loss.
+
+Written from the Mixtral / Qwen3-MoE definitions (transformers'
+`MixtralSparseMoeBlock`, `Qwen3MoeSparseMoeBlock`, `load_balancing_loss_func`),
+token by token, expert by expert; it imports nothing from the layer it checks.
+"""
 
 import numpy as np
 
-from keras_attn.testing.reference import activation
-
-__all__ = ["load_balancing_loss", "mixture_of_experts", "softmax_topk"]
+__all__ = ["load_balancing_loss", "mixture_of_experts", "route", "top_k_margin"]
 
 
-def _softmax(logits):
-    z = np.exp(logits - logits.max(-1, keepdims=True))
-    return z / z.sum(-1, keepdims=True)
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
 
 
-def softmax_topk(logits, k, norm_topk_prob):
-    """Per token: the k largest softmax probabilities (descending) and their experts."""
-    probabilities = _softmax(np.asarray(logits, np.float64))
-    indices = np.argsort(-probabilities, axis=-1, kind="stable")[..., :k]
-    weights = np.take_along_axis(probabilities, indices, -1)
+def route(x, router, k, norm_topk_prob):
+    """`(weights (N, k), experts (N, k), probs (N, E))` for tokens `x` `(N, D)`."""
+    logits = np.asarray(x, np.float64) @ np.asarray(router, np.float64)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    experts = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    weights = np.take_along_axis(probs, experts, -1)
     if norm_topk_prob:
         weights = weights / weights.sum(-1, keepdims=True)
-    return weights, indices
+    return weights, experts, probs
 
 
-def mixture_of_experts(x, weights, k, norm_topk_prob=True, act="silu"):
-    """`x` `(B, T, D)`; `weights` {"router": (D, E), "gate": (E, D, F), "up": (E, D, F),
-    "down": (E, F, D)}: `(y (B, T, D), router logits (B * T, E))`."""
+def mixture_of_experts(x, params, k, norm_topk_prob, activation=_silu):
+    """The output `(..., D)` for `x` `(..., D)`.
+
+    `params`: `router` `(D, E)`, `gate` `(E, D, F)`, `up` `(E, D, F)`, `down` `(E, F, D)`.
+    """
     x = np.asarray(x, np.float64)
-    B, T, D = x.shape
-    tokens = x.reshape(B * T, D)
-    w = {name: np.asarray(value, np.float64) for name, value in weights.items()}
-    logits = tokens @ w["router"]
-    routing, experts = softmax_topk(logits, k, norm_topk_prob)
-    y = np.zeros_like(tokens)
-    for n in range(B * T):
-        for j in range(k):
-            e = experts[n, j]
-            hidden = activation(act, tokens[n] @ w["gate"][e]) * (tokens[n] @ w["up"][e])
-            y[n] += routing[n, j] * (hidden @ w["down"][e])
-    return y.reshape(B, T, D), logits
+    tokens = x.reshape(-1, x.shape[-1])
+    weights, experts, _ = route(tokens, params["router"], k, norm_topk_prob)
+    out = np.zeros_like(tokens)
+    for n, token in enumerate(tokens):
+        for w, e in zip(weights[n], experts[n], strict=True):
+            hidden = activation(token @ params["gate"][e]) * (token @ params["up"][e])
+            out[n] += w * (hidden @ params["down"][e])
+    return out.reshape(x.shape)
 
 
-def load_balancing_loss(logits, k):
-    """transformers' `load_balancing_loss_func` for one layer's logits `(N, E)`."""
-    probabilities = _softmax(np.asarray(logits, np.float64))
-    N, E = probabilities.shape
-    _, experts = softmax_topk(logits, k, False)
-    share = np.bincount(experts.reshape(-1), minlength=E) / N
-    return float(E * np.sum(share * probabilities.mean(0)))
+def load_balancing_loss(x, router, k):
+    """Switch Transformer Eqs. 4-6 as transformers computes them for one layer's logits:
+    `E * sum_e (count_e / N) * mean_n p_ne`, count_e the top-k picks of expert e."""
+    tokens = np.asarray(x, np.float64).reshape(-1, np.shape(router)[0])
+    _, experts, probs = route(tokens, router, k, False)
+    num_experts = probs.shape[-1]
+    counts = np.bincount(experts.reshape(-1), minlength=num_experts)
+    return num_experts * float(np.sum(counts / len(tokens) * probs.mean(0)))
+
+
+def top_k_margin(x, router, k):
+    """The smallest gap, over tokens, between the k-th and the (k+1)-th router
+    probability: the choice of experts is stable under float32 rounding (and finite
+    differences) when it is large."""
+    tokens = np.asarray(x, np.float64).reshape(-1, np.shape(router)[0])
+    _, _, probs = route(tokens, router, 1, False)
+    ordered = -np.sort(-probs, axis=-1)
+    return float((ordered[:, k - 1] - ordered[:, k]).min())

@@ -199,6 +199,12 @@ REFUSED = [
     # Cohere 2's head width is D / H (transformers' config sets it so).
     ("cohere2", {"head_dim": 8}, "head_dim"),
     ("cohere2", {"layer_types": ["full_attention"]}, "layer_types"),
+    # Issue 34: the mixtures' schedule and sizes.
+    ("mixtral", {"num_experts_per_tok": 5}, "num_experts_per_tok"),
+    ("qwen3_moe", {"mlp_only_layers": [2]}, "mlp_only_layers"),
+    ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
+    ("qwen3_moe", {"num_experts": 3, "num_local_experts": 4}, "num_experts"),
+    ("qwen3_moe", {"norm_topk_prob": None}, "norm_topk_prob"),
 ]
 
 
@@ -221,6 +227,9 @@ CROSS = [
     ("llama", {"tie_word_embeddings": True}, ["tie_word_embeddings=True", "lm_head.weight"]),
     ("llama", {"attention_bias": True}, ["q_proj.bias"]),
     ("llama", {"num_hidden_layers": 1}, ["model.layers.1."]),
+    ("mixtral", {"num_local_experts": 3}, ["num_experts=3", "mlp.gate.weight"]),
+    ("qwen3_moe", {"moe_intermediate_size": 32}, ["moe_intermediate_size", "F=32", "gate_up_proj"]),
+    ("qwen3_moe", {"mlp_only_layers": []}, ["model.layers.0.mlp.gate.weight"]),
 ]
 
 
