@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.parity import cases, expected, worker
+from keras_attn.parity import arrays, cases, expected, worker
 from keras_attn.testing.tolerances import tolerance
 
 CACHED = [c for c in cases.CASES if "cached_prefill" in c.call]
@@ -24,7 +24,7 @@ def test_there_are_cached_cases_of_both_layers():
                            "`tox -e parity` checks them on JAX against the same reference")
 @pytest.mark.parametrize("case", CACHED, ids=lambda c: c.name)
 def test_cached_case_matches_the_uncached_reference(case):
-    inputs, masks, weights = cases.case_arrays(case)
+    inputs, masks, weights = arrays.case_arrays(case)
     result = worker.run_case(case, "float32", inputs, masks, weights, gradients=False)
     want = expected.reference_forward(case, inputs, masks, weights)
     tol = tolerance("float32", "output", "cpu")

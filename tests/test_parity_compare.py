@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from keras_attn.parity import cases, expected, report
+from keras_attn.parity import arrays, cases, expected, report
 from keras_attn.parity.cli import _list, installed_backends
 from keras_attn.parity.compare import REFERENCE, compare_arrays, compare_backends
 from keras_attn.testing.tolerances import TOLERANCES, tolerance
@@ -121,7 +121,7 @@ def test_report_load_rejects_other_files(tmp_path):
 def test_cases_are_fixed_and_cover_every_layer():
     kinds = {c.kind for c in cases.CASES}
     assert kinds == {"sdpa", "mha", "ffn", "encoder", "decoder", "mla"}
-    first, second = cases.case_arrays(cases.CASES[3]), cases.case_arrays(cases.CASES[3])
+    first, second = arrays.case_arrays(cases.CASES[3]), arrays.case_arrays(cases.CASES[3])
     for a, b in zip(first, second, strict=True):
         for name in a:
             np.testing.assert_array_equal(a[name], b[name])
@@ -134,9 +134,9 @@ def test_reference_gradient_matches_a_hand_derivation():
     # d sum(out * C) / d b2 = sum over positions of C.
     case = cases.Case("lin", "ffn", "", {"intermediate_dim": 3, "activation": "linear"},
                       {"inputs": (2, 2, 4)})
-    inputs, masks, weights = cases.case_arrays(case)
+    inputs, masks, weights = arrays.case_arrays(case)
     result = expected.reference_result(case, inputs, masks, weights)
-    cot = cases.cotangent(case, result["output"].shape)
+    cot = arrays.cotangent(case, result["output"].shape)
     np.testing.assert_allclose(result["grad/output/bias"], cot.sum(axis=(0, 1)), atol=1e-8)
     w2 = weights["output/kernel"].astype(np.float64)
     np.testing.assert_allclose(result["grad/inputs"],
