@@ -136,9 +136,10 @@ def chunk_gated_delta_rule(query, key, value, g, beta, initial_state=None, *, ch
     `(beta K K^T) * decay(i, j)` (a unit lower-triangular solve); a `keras.ops.scan`
     over the chunks carries the state. No loop over tokens: one trace per shape.
 
+    The other arguments are `recurrent_gated_delta_rule`'s.
+
     Args:
         chunk_size: C, a positive int (64 as transformers and FLA).
-        (the rest as `recurrent_gated_delta_rule`).
 
     Returns:
         `(output (B, T, H, d_v), final_state (B, H, d_k, d_v))`.
