@@ -81,9 +81,9 @@ def _expected_spec(path, strategy, kv_replicated=False):
     if weight in ("gate_kernel", "intermediate_kernel", "output_kernel"):  # (E, ., .)
         split = strategy == "model" and not kv_replicated
         return ("model", None, None) if split else (None, None, None)
+    if weight == "router_kernel":  # (D, E): every device routes every token
+        return (None, None)
     ndim = 2 if weight == "kernel" else 1
-    if sublayer == "router":
-        return (None,) * ndim
     if strategy == "data" or sublayer.endswith("_norm"):
         return (None,) * ndim
     if kv_replicated and sublayer in ("key_dense", "value_dense"):
