@@ -28,7 +28,13 @@ FIELDS = {
 }
 
 
+# transformers 5.24's defaults for fields a config.json may leave out, where they differ
+# from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
+_DEFAULTS = {"head_dim": 64, "num_key_value_heads": 8}
+
+
 def spec(config):
+    config = {**_DEFAULTS, **config}
     core = _shared.core(config, default_epsilon=1e-5)
     n, window = core["num_layers"], _shared.window_of(config)
     types = config.get("layer_types")
