@@ -44,3 +44,14 @@ def test_ids_at_the_vocabulary_edges_are_accepted(lm):
     ids = np.array([[0, V - 1, 3]], "int32")
     assert tuple(lm(ids).shape) == (1, 3, V)
     assert tuple(lm.generate(ids, max_length=5).shape) == (1, 5)
+
+
+def test_any_int_seed_samples_on_every_backend(lm):
+    """Before: JAX and NumPy raised OverflowError (uint32) for these seeds; TensorFlow and
+    PyTorch took them modulo 2**32 (Keras's own rule), which is now every backend's."""
+    ids = np.array([[1, 2, 3]], "int32")
+    sample = lambda seed: np.asarray(  # noqa: E731
+        lm.generate(ids, max_length=8, temperature=1.0, seed=seed))
+    negative = sample(-3)
+    assert negative.shape == (1, 8) and negative.min() >= 0 and negative.max() < V
+    np.testing.assert_array_equal(sample(2**40 + 5), sample(5))  # 2**40 + 5 = 5 mod 2**32
