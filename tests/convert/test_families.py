@@ -205,6 +205,9 @@ REFUSED = [
     ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
     ("qwen3_moe", {"num_experts": 3, "num_local_experts": 4}, "num_experts"),
     ("qwen3_moe", {"norm_topk_prob": None}, "norm_topk_prob"),
+    ("gpt_oss", {"num_experts_per_tok": 5}, "num_experts_per_tok"),
+    ("gpt_oss", {"swiglu_limit": 0.0}, "swiglu_limit"),
+    ("gpt_oss", {"swiglu_alpha": None}, "swiglu_alpha"),
 ]
 
 
@@ -230,6 +233,9 @@ CROSS = [
     ("mixtral", {"num_local_experts": 3}, ["num_experts=3", "mlp.gate.weight"]),
     ("qwen3_moe", {"moe_intermediate_size": 32}, ["moe_intermediate_size", "F=32", "gate_up_proj"]),
     ("qwen3_moe", {"mlp_only_layers": []}, ["model.layers.0.mlp.gate.weight"]),
+    ("gpt_oss", {"intermediate_size": 32}, ["intermediate_size=32", "(E, D, 2F)",
+                                            "mlp.experts.gate_up_proj"]),
+    ("gpt_oss", {"num_local_experts": 3}, ["num_local_experts=3", "gate_up_proj"]),
 ]
 
 
