@@ -3,10 +3,11 @@
 Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
 `gemma2`, `gemma3_text`, `gemma4_text`, `starcoder2`, `gemma`, `phi3`, `granite`,
 `ministral`, `ministral3`, `glm4`, `smollm3`, `olmo2`, `olmo3`, `exaone4`, `cohere2`,
-`gpt2`, `mixtral` and `qwen3_moe` (their mixtures of experts a `MixtureOfExperts` per
-block, from `mlp.gate.weight` and the fused `mlp.experts.gate_up_proj` / `down_proj`) (and
-the attention of `gpt_oss` and
-`deepseek_v3`: their blocks' mixture of experts is refused by name; `deepseek_v32` and
+`gpt2`, `mixtral`, `qwen3_moe` and `gpt_oss` (their mixtures of experts a
+`MixtureOfExperts` per block, from `mlp.gate.weight` and the fused
+`mlp.experts.gate_up_proj` / `down_proj`, with gpt-oss's biases `mlp.gate.bias`,
+`gate_up_proj_bias`, `down_proj_bias` after its `canonical_state_dict`) (and the attention
+of `deepseek_v3`: its blocks' mixture of experts is refused by name; `deepseek_v32` and
 `deepseek_v4` are refused as `families.REFUSED` says), each a module of
 `keras_attn.convert.families` (its fields, its spec, and its own weight names renamed or
 split into the Llama layout mapped below). `deepseek_v3`'s latent attention converts one
