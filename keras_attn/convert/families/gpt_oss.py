@@ -15,7 +15,8 @@ transformers 5 stores them as `mlp.router.weight` (E, D) and `.bias` (E,),
 `[..., ::2]`, up `[..., 1::2]`), `gate_up_proj_bias` (E, 2F) likewise, `down_proj`
 (E, F, D) and `down_proj_bias` (E, D); `canonical_state_dict` de-interleaves them into
 the layout the converter maps (Mixtral's `mlp.gate` and `(E, 2F, D)` `[gate; up]`, plus
-the biases), each cross-checked against the config.
+the biases), each cross-checked against the config; `checkpoint_state_dict` is its
+inverse (`CausalLM.save_pretrained`).
 """
 
 import numpy as np
@@ -112,3 +113,29 @@ def canonical_state_dict(entries, spec):
         elif key.endswith("mlp.experts.down_proj"):
             entries[key] = _array(entries, key, (E, F, D), "(E, F, D)", sizes).transpose(0, 2, 1)
     return entries
+
+
+def _interleave(split):
+    """`[gate | up]` on the last axis back to gpt-oss's interleaved columns."""
+    F = split.shape[-1] // 2
+    fused = np.empty_like(split)
+    fused[..., ::2], fused[..., 1::2] = split[..., :F], split[..., F:]
+    return fused
+
+
+def checkpoint_state_dict(entries, spec):
+    """The inverse of `canonical_state_dict` (for writing a checkpoint): `mlp.gate` back to
+    `mlp.router`, `[gate; up]` re-interleaved into `gate_up_proj` (E, D, 2F) and its bias,
+    `down_proj` back to (E, F, D)."""
+    renamed = {}
+    for key, value in entries.items():
+        if ".mlp.gate." in key:
+            key = key.replace(".mlp.gate.", ".mlp.router.")
+        elif key.endswith("mlp.experts.gate_up_proj"):
+            value = _interleave(np.asarray(value).transpose(0, 2, 1))
+        elif key.endswith("mlp.experts.gate_up_proj_bias"):
+            value = _interleave(np.asarray(value))
+        elif key.endswith("mlp.experts.down_proj"):
+            value = np.asarray(value).transpose(0, 2, 1)
+        renamed[key] = np.ascontiguousarray(value)
+    return renamed
