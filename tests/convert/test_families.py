@@ -208,6 +208,8 @@ REFUSED = [
     ("gpt_oss", {"num_experts_per_tok": 5}, "num_experts_per_tok"),
     ("gpt_oss", {"swiglu_limit": 0.0}, "swiglu_limit"),
     ("gpt_oss", {"swiglu_alpha": None}, "swiglu_alpha"),
+    # The released gpt-oss checkpoints store the experts in MXFP4 (`*_blocks`, `*_scales`).
+    ("gpt_oss", {"quantization_config": {"quant_method": "mxfp4"}}, "quantization_config"),
 ]
 
 
@@ -253,6 +255,18 @@ def test_config_is_cross_checked_against_the_weights(converted, name, changes, w
         convert.causal_lm_from_transformers(config, state)
     for word in words:
         assert word in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("entry, flag", [("mlp.gate.bias", "use_router_bias"),
+                                         ("mlp.experts.down_proj_bias", "use_expert_bias")])
+def test_expert_biases_the_family_lacks_are_refused(converted, entry, flag):
+    """Mixtral's experts have no biases: a state dict with one is refused, naming it."""
+    model = converted("mixtral")[0]
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    state[f"model.layers.0.{entry}"] = np.zeros((4, fc.D) if "down" in entry else (4,))
+    config = json.loads(model.config.to_json_string())
+    with pytest.raises(ValueError, match=rf"{flag}=False.*model\.layers\.0\.{entry}"):
+        convert.causal_lm_from_transformers(config, state)
 
 
 def test_family_tables_classify_every_field_of_the_transformers_configs():
