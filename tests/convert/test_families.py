@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn import CausalLM, convert
+from keras_attn import CausalLM, convert, observe_paths
 from keras_attn.convert import _transformers_config as tables
 from keras_attn.layers._common import gelu_approximate
 from keras_attn.layers.causal_lm import traced_step_of
@@ -68,6 +68,23 @@ def test_ablation_moves_the_logits(converted, name):
     _, ids, logits, _, _, lm = converted(name)
     error = fc.relative_error(_logits(fc.ablate(lm, name), ids), logits)
     assert error > 100 * fc.TOLERANCE, f"{name}: ablation {fc.CASES[name][3][0]!r}: {error:.3g}"
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "gpt_oss"])
+def test_mixtures_sparse_path_matches_transformers(converted, name):
+    """The cases' 4 experts take the dense path ("auto"); the sparse one (what gpt-oss's
+    32 and 128 experts take) gives transformers' logits too, observed running."""
+    _, ids, logits, _, _, lm = converted(name)
+    config = lm.get_config()
+    for block in config["blocks"]:
+        if block["config"].get("feed_forward") is not None:
+            block["config"]["feed_forward"]["config"]["implementation"] = "sparse"
+    sparse = CausalLM.from_config(config)
+    sparse.set_weights(lm.get_weights())
+    with observe_paths() as taken:
+        error = fc.relative_error(_logits(sparse, ids), logits)
+    assert taken.get("moe_sparse", 0) > 0 and "moe_dense" not in taken, taken
+    assert error <= fc.TOLERANCE, f"{name}: relative error {error:.3g}"
 
 
 @pytest.mark.parametrize("name, overrides", [
