@@ -218,6 +218,20 @@ CASES = {
         moe_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[0],
         decoder_sparse_step=1, tie_word_embeddings=False),
         29, ("num_experts_per_tok 2 -> 1", "feed_forward", {"num_experts_per_tok": 1})),
+    # gpt-oss: the attention (sinks, biases, a sliding and a full block, yarn) and every
+    # feed-forward a mixture of 4 experts, top-2 (F = 48 each): the router's softmax over
+    # the top-2 logits, biases everywhere, the clamped SwiGLU with a limit of 3 (which the
+    # std-0.35 projections cross). Ablation: the softmax over all 4 experts, top-2 kept and
+    # not renormalised.
+    "gpt_oss": ("GptOssConfig", dict(
+        num_hidden_layers=2, head_dim=16, intermediate_size=48, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=6, swiglu_limit=3.0, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 16}),
+        30, ("softmax over all experts, not over the top-k", "feed_forward",
+             {"routing": "softmax_topk", "norm_topk_prob": False})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,

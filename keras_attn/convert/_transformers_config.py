@@ -63,7 +63,8 @@ class LayerSpec:
     intermediate_dim: int | None = None  # this layer's F (Gemma 4's double-wide MLP), or None
     kv_source: int | None = None  # the layer whose keys and values this one reuses, or None
     # `MixtureOfExperts` keywords when this layer's feed-forward is a mixture of experts
-    # (`num_experts`, `num_experts_per_tok`, `intermediate_dim`, `norm_topk_prob`), or None
+    # (`num_experts`, `num_experts_per_tok`, `intermediate_dim`, `norm_topk_prob`; gpt-oss
+    # also `routing`, the biases and its `expert_activation`), or None
     # for the dense MLP (Qwen3-MoE's `mlp_only_layers` / `decoder_sparse_step` schedule).
     mixture_of_experts: dict[str, Any] | None = None
 
@@ -100,7 +101,7 @@ class ModelSpec:
     logits_scaling: float | None = None  # the logits divided by it (Granite)
     # (config field, value) when every block's feed-forward is a mixture of experts, which
     # keras_attn does not build yet (issue 34): the block and model converters refuse it,
-    # naming the field; the attention converter converts the attention alone (gpt-oss).
+    # naming the field; the attention converter converts the attention alone.
     mixture_of_experts: tuple | None = None
     layer_scalar: bool = False  # each layer's output times its `layer_scalar` weight (Gemma 4)
     per_layer_input_dim: int | None = None  # P of the per-layer input embeddings (Gemma 4)

@@ -3,10 +3,11 @@
 Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
 `gemma2`, `gemma3_text`, `gemma4_text`, `starcoder2`, `gemma`, `phi3`, `granite`,
 `ministral`, `ministral3`, `glm4`, `smollm3`, `olmo2`, `olmo3`, `exaone4`, `cohere2`,
-`gpt2`, `mixtral` and `qwen3_moe` (their mixtures of experts a `MixtureOfExperts` per
-block, from `mlp.gate.weight` and the fused `mlp.experts.gate_up_proj` / `down_proj`) (and
-the attention of `gpt_oss` and
-`deepseek_v3`: their blocks' mixture of experts is refused by name; `deepseek_v32` and
+`gpt2`, `mixtral`, `qwen3_moe` and `gpt_oss` (their mixtures of experts a
+`MixtureOfExperts` per block, from `mlp.gate.weight` and the fused
+`mlp.experts.gate_up_proj` / `down_proj`, with gpt-oss's biases `mlp.gate.bias`,
+`gate_up_proj_bias`, `down_proj_bias` after its `canonical_state_dict`) (and the attention
+of `deepseek_v3`: its blocks' mixture of experts is refused by name; `deepseek_v32` and
 `deepseek_v4` are refused as `families.REFUSED` says), each a module of
 `keras_attn.convert.families` (its fields, its spec, and its own weight names renamed or
 split into the Llama layout mapped below). `deepseek_v3`'s latent attention converts one
@@ -180,8 +181,8 @@ def _experts_plan(entries, spec: ModelSpec, moe, sub, check):
     fused `mlp.experts.gate_up_proj` (E, 2F, D, gate rows first) and `down_proj` (E, D, F),
     cross-checked against the config, onto `MixtureOfExperts`' kernels."""
     D, E, F = spec.hidden_dim, moe.num_experts, moe.intermediate_dim
-    sizes = (f"num_experts={E}, the experts' F={F} (Mixtral's intermediate_size, "
-             f"Qwen3-MoE's moe_intermediate_size), hidden_size={D}")
+    sizes = (f"num_experts={E}, the experts' F={F} (Mixtral's and gpt-oss's "
+             f"intermediate_size, Qwen3-MoE's moe_intermediate_size), hidden_size={D}")
     router = check(entries, sub + "mlp.gate.weight", (E, D), "(E, D)", sizes)
     gate_up = check(entries, sub + "mlp.experts.gate_up_proj", (E, 2 * F, D), "(E, 2F, D)",
                     sizes)
@@ -190,7 +191,37 @@ def _experts_plan(entries, spec: ModelSpec, moe, sub, check):
             (moe.gate_kernel, gate_up[:, :F].transpose(0, 2, 1), "mlp.experts.gate_up_proj"),
             (moe.intermediate_kernel, gate_up[:, F:].transpose(0, 2, 1),
              "mlp.experts.gate_up_proj"),
-            (moe.output_kernel, down.transpose(0, 2, 1), "mlp.experts.down_proj")]
+            (moe.output_kernel, down.transpose(0, 2, 1), "mlp.experts.down_proj")
+            ] + _expert_biases_plan(entries, moe, sub, check, sizes)
+
+
+def _expert_biases_plan(entries, moe, sub, check, sizes):
+    """The router's bias `mlp.gate.bias` (E,) where `use_router_bias`, the experts'
+    `gate_up_proj_bias` (E, 2F, `[gate; up]`) and `down_proj_bias` (E, D) where
+    `use_expert_bias` (gpt-oss, in this layout after its `canonical_state_dict`); an
+    entry the layer has no weight for is refused."""
+    D, E, F = moe.output_kernel.shape[-1], moe.num_experts, moe.intermediate_dim
+    plan = []
+    parts = [(moe.use_router_bias, "mlp.gate.bias", "use_router_bias")]
+    parts += [(moe.use_expert_bias, f"mlp.experts.{n}", "use_expert_bias")
+              for n in ("gate_up_proj_bias", "down_proj_bias")]
+    for used, name, flag in parts:
+        if not used:
+            if entries.has(sub + name):
+                raise ValueError(f"The config and the weights disagree: the family's experts "
+                                 f"have no such bias ({flag}=False), but state_dict has "
+                                 f"{entries.key(sub + name)}.")
+            continue
+        if name == "mlp.gate.bias":
+            plan.append((moe.router_bias, check(entries, sub + name, (E,), "(E,)", sizes),
+                         "mlp.gate bias"))
+        elif name.endswith("gate_up_proj_bias"):
+            b = check(entries, sub + name, (E, 2 * F), "(E, 2F)", sizes)
+            plan += [(moe.gate_bias, b[:, :F], name), (moe.intermediate_bias, b[:, F:], name)]
+        else:
+            plan.append((moe.output_bias, check(entries, sub + name, (E, D), "(E, D)", sizes),
+                         name))
+    return plan
 
 
 def _block_options(spec):

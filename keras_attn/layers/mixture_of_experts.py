@@ -1,4 +1,4 @@
-"""A mixture of gated-MLP experts behind a top-k router (Mixtral, Qwen3-MoE).
+"""A mixture of gated-MLP experts behind a top-k router (Mixtral, Qwen3-MoE, gpt-oss).
 
 Shazeer et al. 2017, "Outrageously Large Neural Networks: The Sparsely-Gated
 Mixture-of-Experts Layer"; the load-balancing loss of Fedus et al. 2021,
@@ -12,7 +12,7 @@ from keras import ops
 
 from keras_attn._observe import record_path
 from keras_attn._typing import Initializer
-from keras_attn._validation import check_positive_int
+from keras_attn._validation import check_positive_float, check_positive_int
 from keras_attn.layers._common import clone_initializer
 
 __all__ = ["MixtureOfExperts"]
@@ -49,6 +49,39 @@ def softmax_topk(logits, num_experts_per_tok, norm_topk_prob):
 # probs)`. Later rules (gpt-oss's softmax over the top-k logits, DeepSeek V3's sigmoid
 # with a selection-only bias and groups, Llama 4's sigmoid top-1) are new entries.
 ROUTING = {"softmax_topk": softmax_topk}
+
+
+def topk_softmax(logits, num_experts_per_tok, norm_topk_prob):
+    """gpt-oss routing (transformers' `GptOssTopKRouter`): the top-k of the logits, then a
+    softmax over those k only.
+
+    The weights equal `softmax_topk`'s renormalised ones (`exp(l_i) / sum_{j in top-k}
+    exp(l_j)` either way); they are computed as gpt-oss does. `norm_topk_prob` changes
+    nothing (the k weights already sum to 1).
+
+    Returns:
+        `(weights, indices, probs)` as `softmax_topk`; `probs` the softmax over all E
+        logits (what transformers' `load_balancing_loss_func` reads of any router).
+    """
+    del norm_topk_prob  # the weights sum to 1 already
+    top, indices = ops.top_k(logits, num_experts_per_tok)
+    return ops.softmax(top, axis=-1), ops.cast(indices, "int32"), ops.softmax(logits, axis=-1)
+
+
+ROUTING["topk_softmax"] = topk_softmax
+
+# What each expert computes of its gate `g = x W_gate (+ b_gate)` and up `u = x W_up
+# (+ b_up)` projections before W_down: "gated", `activation(g) * u` (SwiGLU with "silu");
+# "gpt_oss_swiglu", gpt-oss's clamped SwiGLU (transformers' `GptOssExperts._apply_gate`).
+EXPERT_ACTIVATIONS = ("gated", "gpt_oss_swiglu")
+
+
+def gpt_oss_swiglu(gate, up, alpha, limit):
+    """gpt-oss's clamped SwiGLU: `g = min(g, limit)`, `u = clip(u, -limit, limit)`,
+    `(u + 1) * g * sigmoid(alpha * g)`."""
+    gate = ops.minimum(gate, limit)
+    up = ops.clip(up, -limit, limit)
+    return (up + 1.0) * gate * ops.sigmoid(alpha * gate)
 
 
 def load_balancing_loss(probs, indices, num_experts):
@@ -91,11 +124,25 @@ class MixtureOfExperts(keras.layers.Layer):
           measured). The path taken is recorded for `keras_attn.observe_paths()` as
           "moe_dense" or "moe_sparse".
 
+    `routing="topk_softmax"` is gpt-oss's router (`GptOssTopKRouter`): the k largest
+    logits `x W_router + b_router`, softmax over those k only (the same weights as
+    "softmax_topk" with `norm_topk_prob=True`, computed as gpt-oss does).
+
+    gpt-oss's experts (`GptOssExperts`): `use_router_bias` and `use_expert_bias` add a
+    bias to the router's logits and to each expert's three projections, and
+    `expert_activation="gpt_oss_swiglu"` replaces `activation(g) * u` by the clamped
+    SwiGLU `(clip(u, -limit, limit) + 1) * g' * sigmoid(alpha * g')`, `g' = min(g, limit)`
+    (`swiglu_alpha`, `swiglu_limit`), on both paths. The output bias is weighted with
+    its expert's output: `w_e (W_down_e h + b_down_e)`.
+
     Weights (a contract): `router_kernel` `(D, E)`; the experts' kernels stacked on a
     leading expert axis, named after `PositionwiseFeedForward(gated=True)`'s sublayers:
     `gate_kernel` `(E, D, F)` (W_gate, with the activation), `intermediate_kernel`
-    `(E, D, F)` (W_up) and `output_kernel` `(E, F, D)` (W_down). No biases.
-    transformers' fused `experts.gate_up_proj` `(E, 2F, D)` is `[gate; up]` transposed.
+    `(E, D, F)` (W_up) and `output_kernel` `(E, F, D)` (W_down). No biases by default;
+    `router_bias` `(E,)` with `use_router_bias`, `gate_bias`, `intermediate_bias`
+    `(E, F)` and `output_bias` `(E, D)` with `use_expert_bias`.
+    transformers' fused `experts.gate_up_proj` `(E, 2F, D)` is `[gate; up]` transposed
+    (gpt-oss's `(E, D, 2F)` interleaves them: gate the even columns, up the odd ones).
 
     Hook: a shared expert (Qwen3-Next, DeepSeek V3, Llama 4: a dense MLP every token
     runs, plain or sigmoid-gated) is a later addition, summed in `call` where marked.
@@ -107,7 +154,8 @@ class MixtureOfExperts(keras.layers.Layer):
         num_experts: E.
         num_experts_per_tok: k, the experts each token runs through (1 <= k <= E).
         intermediate_dim: F, the hidden width of each expert.
-        activation: the gate's activation ("silu": SwiGLU experts).
+        activation: the gate's activation ("silu": SwiGLU experts); unused with
+            `expert_activation="gpt_oss_swiglu"`.
         norm_topk_prob: renormalise the k kept probabilities to sum to 1.
         router_aux_loss_coef: the weight of the load-balancing loss, added through
             `add_loss` when called with `training=True` (0, the default: none). Per
@@ -115,9 +163,18 @@ class MixtureOfExperts(keras.layers.Layer):
             included: the feed-forward sees no mask). transformers computes one loss
             from all layers' logits concatenated, which for L layers is not the sum of
             the L per-layer losses.
-        routing: the routing rule's name; "softmax_topk" is the only one yet.
+        routing: the routing rule's name: "softmax_topk" (softmax over all E, then the
+            top k) or "topk_softmax" (the top k logits, then a softmax over them: gpt-oss).
         implementation: "auto", "dense" or "sparse" (above).
         kernel_initializer: initializer of every kernel.
+        use_router_bias: add a bias `router_bias` `(E,)` to the router's logits (gpt-oss).
+        use_expert_bias: add biases to every expert's gate, up and down projections
+            (`gate_bias`, `intermediate_bias` `(E, F)`, `output_bias` `(E, D)`; gpt-oss).
+            Biases start at zero.
+        expert_activation: "gated" (`activation(gate) * up`) or "gpt_oss_swiglu" (the
+            clamped SwiGLU above).
+        swiglu_alpha: alpha of "gpt_oss_swiglu" (gpt-oss: 1.702).
+        swiglu_limit: the clamp of "gpt_oss_swiglu" (gpt-oss: 7.0).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -133,6 +190,11 @@ class MixtureOfExperts(keras.layers.Layer):
     >>> moe = MixtureOfExperts(num_experts=4, num_experts_per_tok=2, intermediate_dim=32)
     >>> tuple(moe(np.zeros((2, 5, 16), "float32")).shape)
     (2, 5, 16)
+    >>> gpt_oss = MixtureOfExperts(num_experts=4, num_experts_per_tok=2, intermediate_dim=32,
+    ...                            routing="topk_softmax", use_router_bias=True,
+    ...                            use_expert_bias=True, expert_activation="gpt_oss_swiglu")
+    >>> tuple(gpt_oss(np.ones((2, 5, 16), "float32")).shape)
+    (2, 5, 16)
     """
 
     def __init__(
@@ -146,6 +208,11 @@ class MixtureOfExperts(keras.layers.Layer):
         routing: str = "softmax_topk",
         implementation: str = "auto",
         kernel_initializer: Initializer = "glorot_uniform",
+        use_router_bias: bool = False,
+        use_expert_bias: bool = False,
+        expert_activation: str = "gated",
+        swiglu_alpha: float = 1.702,
+        swiglu_limit: float = 7.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -172,7 +239,25 @@ class MixtureOfExperts(keras.layers.Layer):
                              f"Received: implementation={implementation!r}")
         self.implementation = implementation
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self._init_gpt_oss_options(use_router_bias, use_expert_bias, expert_activation,
+                                   swiglu_alpha, swiglu_limit)
         self.supports_masking = True  # per token: a Keras mask passes through
+
+    def _init_gpt_oss_options(self, use_router_bias, use_expert_bias, expert_activation,
+                              swiglu_alpha, swiglu_limit):
+        """The router's and experts' biases and the expert activation (gpt-oss)."""
+        for name, value in (("use_router_bias", use_router_bias),
+                            ("use_expert_bias", use_expert_bias)):
+            if not isinstance(value, bool):
+                raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
+        self.use_router_bias = use_router_bias
+        self.use_expert_bias = use_expert_bias
+        if expert_activation not in EXPERT_ACTIVATIONS:
+            raise ValueError(f"`expert_activation` must be one of {EXPERT_ACTIVATIONS}. "
+                             f"Received: expert_activation={expert_activation!r}")
+        self.expert_activation = expert_activation
+        self.swiglu_alpha = check_positive_float("swiglu_alpha", swiglu_alpha)
+        self.swiglu_limit = check_positive_float("swiglu_limit", swiglu_limit)
 
     def _kernel(self, shape, name):
         return self.add_weight(shape=shape, name=name,
@@ -184,11 +269,41 @@ class MixtureOfExperts(keras.layers.Layer):
         self.gate_kernel = self._kernel((E, D, F), "gate_kernel")
         self.intermediate_kernel = self._kernel((E, D, F), "intermediate_kernel")
         self.output_kernel = self._kernel((E, F, D), "output_kernel")
+        self._build_biases(D, E, F)
         self.built = True
+
+    def _build_biases(self, D, E, F):
+        if self.use_router_bias:
+            self.router_bias = self.add_weight(shape=(E,), name="router_bias",
+                                               initializer="zeros")
+        if self.use_expert_bias:
+            for name, width in (("gate_bias", F), ("intermediate_bias", F),
+                                ("output_bias", D)):
+                setattr(self, name, self.add_weight(shape=(E, width), name=name,
+                                                    initializer="zeros"))
+
+    def _hidden(self, gate, up):
+        """An expert's hidden activations from its gate and up projections."""
+        if self.expert_activation == "gpt_oss_swiglu":
+            return gpt_oss_swiglu(gate, up, self.swiglu_alpha, self.swiglu_limit)
+        return self.activation(gate) * up
+
+    def _bias(self, name, experts=None):
+        """Expert bias `name` broadcast over the rows of each expert's `(E or blocks, rows,
+        width)` activations (`experts`: the block's expert of the sparse path), or 0."""
+        if not self.use_expert_bias:
+            return 0.0
+        bias = getattr(self, name)
+        if experts is not None:
+            bias = ops.take(bias, experts, axis=0)
+        return bias[:, None, :]
 
     def route(self, tokens):
         """`(weights, indices, probs)` for `(N, D)` tokens (see `softmax_topk`)."""
-        logits = ops.cast(ops.matmul(tokens, self.router_kernel), "float32")
+        logits = ops.matmul(tokens, self.router_kernel)
+        if self.use_router_bias:
+            logits = logits + self.router_bias
+        logits = ops.cast(logits, "float32")
         return ROUTING[self.routing](logits, self.num_experts_per_tok, self.norm_topk_prob)
 
     def _chosen_path(self):
@@ -216,9 +331,11 @@ class MixtureOfExperts(keras.layers.Layer):
         # (N, E) routing weights: w_j at the chosen experts, 0 elsewhere.
         combine = ops.sum(ops.one_hot(indices, self.num_experts, dtype=self.compute_dtype)
                           * weights[..., None], axis=1)
-        gate = self.activation(ops.einsum("nd,edf->enf", tokens, self.gate_kernel))
-        hidden = gate * ops.einsum("nd,edf->enf", tokens, self.intermediate_kernel)
-        expert_out = ops.einsum("enf,efd->end", hidden, self.output_kernel)  # (E, N, D)
+        gate = ops.einsum("nd,edf->enf", tokens, self.gate_kernel) + self._bias("gate_bias")
+        up = (ops.einsum("nd,edf->enf", tokens, self.intermediate_kernel)
+              + self._bias("intermediate_bias"))
+        expert_out = (ops.einsum("enf,efd->end", self._hidden(gate, up), self.output_kernel)
+                      + self._bias("output_bias"))  # (E, N, D)
         return ops.einsum("ne,end->nd", combine, expert_out)
 
     def _sparse_experts(self, tokens, weights, indices):
@@ -254,9 +371,13 @@ class MixtureOfExperts(keras.layers.Layer):
         block_expert = ops.minimum(
             ops.sum(ops.cast(padded_end[None, :] <= starts[:, None], "int32"), axis=1), E - 1)
         x = ops.reshape(buffer, (blocks, rows, -1))
-        gate = self.activation(ops.matmul(x, ops.take(self.gate_kernel, block_expert, axis=0)))
-        hidden = gate * ops.matmul(x, ops.take(self.intermediate_kernel, block_expert, axis=0))
-        y = ops.matmul(hidden, ops.take(self.output_kernel, block_expert, axis=0))
+        gate = (ops.matmul(x, ops.take(self.gate_kernel, block_expert, axis=0))
+                + self._bias("gate_bias", block_expert))
+        up = (ops.matmul(x, ops.take(self.intermediate_kernel, block_expert, axis=0))
+              + self._bias("intermediate_bias", block_expert))
+        # Padding rows get the biases too; no copy's slot points at them.
+        y = (ops.matmul(self._hidden(gate, up), ops.take(self.output_kernel, block_expert, axis=0))
+             + self._bias("output_bias", block_expert))
         y = ops.take(ops.reshape(y, (capacity, -1)), slot, axis=0)  # (A, D), copy order
         y = ops.reshape(y, (-1, k, width)) * weights[..., None]
         return ops.sum(y, axis=1)
@@ -276,5 +397,10 @@ class MixtureOfExperts(keras.layers.Layer):
             "routing": self.routing,
             "implementation": self.implementation,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "use_router_bias": self.use_router_bias,
+            "use_expert_bias": self.use_expert_bias,
+            "expert_activation": self.expert_activation,
+            "swiglu_alpha": self.swiglu_alpha,
+            "swiglu_limit": self.swiglu_limit,
         })
         return config
