@@ -71,7 +71,8 @@ def _plan(entries, layer, D):
 
 
 def multi_head_latent_attention_from_transformers(
-        module_or_state_dict: Any, config: Any, layer_index: int = 0) -> MultiHeadLatentAttention:
+        module_or_state_dict: Any, config: Any, layer_index: int = 0,
+        prefix: str = "") -> MultiHeadLatentAttention:
     """A `keras_attn.MultiHeadLatentAttention` from a transformers latent attention module.
 
     Reads `q_proj` (or `q_a_proj`, `q_a_layernorm`, `q_b_proj`), `kv_a_proj_with_mqa`,
@@ -87,6 +88,8 @@ def multi_head_latent_attention_from_transformers(
             (`deepseek_v3`).
         layer_index: which layer (0-based; DeepSeek's attention is the same in every
             layer, the index is checked against `num_hidden_layers`).
+        prefix: where the attention's entries start in the state dict, for a whole
+            model's (e.g. "model.layers.1.self_attn."); only keys under it are read.
 
     Returns:
         A built `keras_attn.MultiHeadLatentAttention` for `(B, T, D)`.
@@ -110,7 +113,7 @@ def multi_head_latent_attention_from_transformers(
             0 <= layer_index < num_layers):
         raise ValueError(f"`layer_index` must be an int in [0, num_hidden_layers={num_layers}). "
                          f"Received: layer_index={layer_index!r}")
-    entries = _common.StateDict(module_or_state_dict, "")
+    entries = _common.StateDict(module_or_state_dict, prefix)
     layer = MultiHeadLatentAttention(**arguments)
     layer.build((None, None, D))
     plan = _plan(entries, layer, D)

@@ -396,12 +396,13 @@ def _check_layer_index(spec, layer_index):
                          f"{spec.num_layers}). Received: layer_index={layer_index!r}")
 
 
-def _convert_layer(module_or_state_dict, config, layer_index, make, plan_of):
+def _convert_layer(module_or_state_dict, config, layer_index, make, plan_of, prefix):
     """The layer converters' one path: read and check the config, `make(spec)` the built
-    layer, check every state-dict entry against it (`plan_of`), then assign."""
+    layer, check every state-dict entry under `prefix` against it (`plan_of`), then
+    assign."""
     spec = read_config(config)
     _check_layer_index(spec, layer_index)
-    entries = _entries(module_or_state_dict, spec)
+    entries = _entries(module_or_state_dict, spec, prefix)
     layer = make(spec)
     plan = plan_of(entries, spec, layer)
     entries.check_all_used()
@@ -410,7 +411,8 @@ def _convert_layer(module_or_state_dict, config, layer_index, make, plan_of):
 
 
 def multi_head_attention_from_transformers(module_or_state_dict: Any, config: Any,
-                                           layer_index: int = 0) -> MultiHeadAttention:
+                                           layer_index: int = 0,
+                                           prefix: str = "") -> MultiHeadAttention:
     """A `keras_attn.MultiHeadAttention` from the attention of layer `layer_index` of a transformers LM.
 
     Reads `q_proj`, `k_proj`, `v_proj`, `o_proj` (and `q_norm`, `k_norm`)
@@ -425,6 +427,8 @@ def multi_head_attention_from_transformers(module_or_state_dict: Any, config: An
             mapping from names to arrays or tensors).
         config: a transformers config of a supported family, or its dict.
         layer_index: which layer's options to use (0-based).
+        prefix: where the attention's entries start in the state dict, for a whole
+            model's (e.g. "model.layers.1.self_attn."); only keys under it are read.
 
     Returns:
         A built `keras_attn.MultiHeadAttention` for `(B, T, D)`.
@@ -442,11 +446,13 @@ def multi_head_attention_from_transformers(module_or_state_dict: Any, config: An
         layer.build(query_shape=(None, None, spec.hidden_dim))
         return layer
 
-    return _convert_layer(module_or_state_dict, config, layer_index, make, _attention_plan)
+    return _convert_layer(module_or_state_dict, config, layer_index, make, _attention_plan,
+                          prefix)
 
 
 def transformer_decoder_layer_from_transformers(module_or_state_dict: Any, config: Any,
-                                                layer_index: int = 0) -> TransformerDecoderLayer:
+                                                layer_index: int = 0,
+                                                prefix: str = "") -> TransformerDecoderLayer:
     """A `keras_attn.TransformerDecoderLayer` from decoder layer `layer_index` of a transformers LM.
 
     Keys are relative to the layer (`self_attn.q_proj.weight`,
@@ -458,6 +464,8 @@ def transformer_decoder_layer_from_transformers(module_or_state_dict: Any, confi
         module_or_state_dict: the decoder layer, or its state dict.
         config: a transformers config of a supported family, or its dict.
         layer_index: which layer's options to use (0-based).
+        prefix: where the layer's entries start in the state dict, for a whole
+            model's (e.g. "model.layers.1."); only keys under it are read.
 
     Returns:
         A built decoder-only `keras_attn.TransformerDecoderLayer` for
@@ -472,7 +480,7 @@ def transformer_decoder_layer_from_transformers(module_or_state_dict: Any, confi
         block.build((None, None, spec.hidden_dim))
         return block
 
-    return _convert_layer(module_or_state_dict, config, layer_index, make, _block_plan)
+    return _convert_layer(module_or_state_dict, config, layer_index, make, _block_plan, prefix)
 
 
 def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, Any] | None = None,
