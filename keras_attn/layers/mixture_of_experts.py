@@ -424,15 +424,18 @@ class MixtureOfExperts(keras.layers.Layer):
         sorted_experts = ops.take(experts, order)
         rank = ops.arange(A, dtype="int32") - ops.take(start, sorted_experts)
         slot_sorted = ops.take(padded_start, sorted_experts) + rank
-        # slot[a]: where copy a sits in the buffer (the inverse of the sort).
-        slot = ops.scatter(order[:, None], slot_sorted, (A,))
+        # slot[a]: where copy a sits in the buffer (the inverse of the sort). Not
+        # `ops.scatter`, which on PyTorch loops in Python over the rows, reading each index
+        # (no traced decoding step: `keras_attn._device.traced_step`).
+        slot = ops.take(slot_sorted, ops.cast(ops.argsort(order), "int32"))
         # Blocks: A // rows + E bounds the padded total (each expert pads < rows).
         blocks = A // rows + E
         capacity = blocks * rows
         width = tokens.shape[-1]
         # Sorted copy i is token order[i] // k (indices are (N, k) flattened).
-        buffer = ops.scatter(slot_sorted[:, None], ops.take(tokens, order // k, axis=0),
-                             (capacity, width))
+        buffer = ops.scatter_update(  # each slot written once: an update, not a sum
+            ops.zeros((capacity, width), tokens.dtype), slot_sorted[:, None],
+            ops.take(tokens, order // k, axis=0))
         starts = ops.arange(blocks, dtype="int32") * rows
         # A block's expert: the number of padded ranges that end at or before its start
         # (blocks past every range are zeros; any expert will do, clipped to E - 1).
