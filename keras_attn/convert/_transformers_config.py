@@ -64,8 +64,10 @@ class LayerSpec:
     kv_source: int | None = None  # the layer whose keys and values this one reuses, or None
     # `MixtureOfExperts` keywords when this layer's feed-forward is a mixture of experts
     # (`num_experts`, `num_experts_per_tok`, `intermediate_dim`, `norm_topk_prob`; gpt-oss
-    # also `routing`, the biases and its `expert_activation`), or None
-    # for the dense MLP (Qwen3-MoE's `mlp_only_layers` / `decoder_sparse_step` schedule).
+    # also `routing`, the biases and its `expert_activation`; DeepSeek V3 its `routing`,
+    # `n_group`, `topk_group`, `routed_scaling_factor` and `shared_intermediate_dim`), or
+    # None for the dense MLP (Qwen3-MoE's `mlp_only_layers` / `decoder_sparse_step`
+    # schedule, DeepSeek V3's `first_k_dense_replace`).
     mixture_of_experts: dict[str, Any] | None = None
 
 
@@ -113,6 +115,10 @@ class ModelSpec:
     parallel_residual: bool = False
     # N, the rows of a learned absolute position table (GPT-2's `wpe`), or None: none
     position_embeddings: int | None = None
+    # `MultiHeadLatentAttention` keywords when every block's self-attention is multi-head
+    # latent attention (DeepSeek V3: `self_attn.q_a_proj`, `kv_a_proj_with_mqa`, ...), or
+    # None: `MultiHeadAttention` from the sizes above.
+    latent_attention: dict[str, Any] | None = None
 
     def layer_head_dim(self, index):
         """d of layer `index` (its own, or the model's `head_dim`)."""

@@ -3,15 +3,17 @@
 Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
 `gemma2`, `gemma3_text`, `gemma4_text`, `starcoder2`, `gemma`, `phi3`, `granite`,
 `ministral`, `ministral3`, `glm4`, `smollm3`, `olmo2`, `olmo3`, `exaone4`, `cohere2`,
-`gpt2`, `mixtral`, `qwen3_moe` and `gpt_oss` (their mixtures of experts a
+`gpt2`, `mixtral`, `qwen3_moe`, `gpt_oss` and `deepseek_v3` (their mixtures of experts a
 `MixtureOfExperts` per block, from `mlp.gate.weight` and the fused
 `mlp.experts.gate_up_proj` / `down_proj`, with gpt-oss's biases `mlp.gate.bias`,
-`gate_up_proj_bias`, `down_proj_bias` after its `canonical_state_dict`) (and the attention
-of `deepseek_v3`: its blocks' mixture of experts is refused by name; `deepseek_v32` and
+`gate_up_proj_bias`, `down_proj_bias` after its `canonical_state_dict`; DeepSeek V3's
+shared expert and correction bias through `keras_attn.convert._shared_experts`, its latent
+attention, `self_attn.q_a_proj` ..., through `keras_attn.convert.latent_attention`'s map)
+(`deepseek_v32` and
 `deepseek_v4` are refused as `families.REFUSED` says), each a module of
 `keras_attn.convert.families` (its fields, its spec, and its own weight names renamed or
-split into the Llama layout mapped below). `deepseek_v3`'s latent attention converts one
-layer at a time through `keras_attn.convert.latent_attention`.
+split into the Llama layout mapped below). `deepseek_v3`'s latent attention also converts
+one layer at a time through `keras_attn.convert.latent_attention`.
 transformers is never imported: configs are
 read through `to_dict()` (or are plain dicts, a `config.json`), tensors
 through `keras_attn.convert._common.to_numpy`. The config's fields are
@@ -49,9 +51,12 @@ from typing import Any
 import numpy as np
 
 from keras_attn.convert import _common, families, pretrained
+from keras_attn.convert import latent_attention as _latent
 from keras_attn.convert._common import cross_check as _cross_check
+from keras_attn.convert._shared_experts import shared_experts_plan
 from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
 from keras_attn.layers._common import gelu_approximate
+from keras_attn.layers.latent_attention import MultiHeadLatentAttention
 from keras_attn.layers.mixture_of_experts import MixtureOfExperts
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
@@ -163,9 +168,14 @@ def _block(spec: ModelSpec, index, name=None, dtype=None):
     else:  # the block's `feed_forward=`: the dense MLP's flat arguments stay unset
         feed_forward = dict(feed_forward=MixtureOfExperts(
             **moe, activation=activation, name="feed_forward", dtype=dtype))
+    if spec.latent_attention is None:
+        attention: dict[str, Any] = dict(key_dim=spec.layer_head_dim(index),
+                                         num_key_value_heads=spec.layer_kv_heads(index))
+    else:  # DeepSeek V3: the block's self-attention is latent (its options its own)
+        attention = dict(attention=MultiHeadLatentAttention(
+            **spec.latent_attention, name="self_attention", dtype=dtype))
     return TransformerDecoderLayer(
-        spec.num_heads,
-        key_dim=spec.layer_head_dim(index), num_key_value_heads=spec.layer_kv_heads(index),
+        spec.num_heads, **attention,
         normalization=spec.normalization, normalize_first=True,
         layer_norm_epsilon=spec.epsilon, use_bias=spec.mlp_bias,
         attention_use_bias=spec.qkv_bias, attention_output_use_bias=spec.output_bias,
@@ -291,10 +301,14 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
     """Check and plan a decoder layer's entries under `sub` onto the block (`check` as for
     `_attention_plan`)."""
     D, F = spec.hidden_dim, block.intermediate_dim or spec.intermediate_dim
-    plan = _attention_plan(entries, spec, block.self_attention, sub + "self_attn.", check)
+    if isinstance(block.self_attention, MultiHeadLatentAttention):
+        plan = _latent._plan(entries, block.self_attention, D, sub + "self_attn.", check)
+    else:
+        plan = _attention_plan(entries, spec, block.self_attention, sub + "self_attn.", check)
     ff = block.feed_forward
     if isinstance(ff, MixtureOfExperts):
         plan += _experts_plan(entries, spec, ff, sub, check)
+        plan += shared_experts_plan(entries, spec, ff, sub, check)
         return plan + _block_norms_plan(entries, spec, block, sub, check)
     sizes = f"intermediate_size={F}, hidden_size={D}"
     if F != spec.intermediate_dim:
@@ -438,6 +452,12 @@ def multi_head_attention_from_transformers(module_or_state_dict: Any, config: An
             extra or disagreeing with the config.
     """
     def make(spec):
+        if spec.latent_attention is not None:
+            raise ValueError(
+                f"config field `kv_lora_rank` is not supported here ({spec.family!r}'s "
+                "attention is multi-head latent attention: convert it with "
+                "keras_attn.convert.multi_head_latent_attention_from_transformers). "
+                f"Received: kv_lora_rank={spec.latent_attention['kv_lora_rank']!r}")
         layer = MultiHeadAttention(
             spec.num_heads, spec.layer_head_dim(layer_index),
             num_key_value_heads=spec.layer_kv_heads(layer_index),

@@ -1,4 +1,5 @@
-"""A mixture of gated-MLP experts behind a top-k router (Mixtral, Qwen3-MoE, gpt-oss).
+"""A mixture of gated-MLP experts behind a top-k router (Mixtral, Qwen3-MoE, gpt-oss,
+DeepSeek V3).
 
 Shazeer et al. 2017, "Outrageously Large Neural Networks: The Sparsely-Gated
 Mixture-of-Experts Layer"; the load-balancing loss of Fedus et al. 2021,
@@ -45,10 +46,56 @@ def softmax_topk(logits, num_experts_per_tok, norm_topk_prob):
     return weights, ops.cast(indices, "int32"), probs
 
 
+def sigmoid_group_topk(logits, num_experts_per_tok, norm_topk_prob, correction_bias,
+                       n_group, topk_group, routed_scaling_factor):
+    """DeepSeek V3 routing (transformers' `DeepseekV3TopkRouter`): sigmoid scores, a
+    selection-only bias, group-limited top-k.
+
+    `s = sigmoid(logits)`; the choice reads `c = s + correction_bias`: the E experts in
+    `n_group` groups of E / n_group, each group scored by the sum of its two largest `c`,
+    the `topk_group` best groups kept, the k largest `c` among their experts chosen. The
+    weights are the chosen experts' unbiased `s`, divided by their sum (plus 1e-20) when
+    `norm_topk_prob`, times `routed_scaling_factor`.
+
+    Args:
+        logits: `(N, E)` float32 router logits.
+        num_experts_per_tok: k.
+        norm_topk_prob: renormalise the k kept scores.
+        correction_bias: `(E,)` float32, added for the choice only.
+        n_group: the number of expert groups (divides E).
+        topk_group: the groups kept per token.
+        routed_scaling_factor: the weights' multiplier.
+
+    Returns:
+        `(weights, indices, scores)`: `(N, k)` float32, `(N, k)` int32, `(N, E)` the
+        sigmoid scores.
+    """
+    scores = ops.sigmoid(logits)
+    choice = scores + ops.cast(correction_bias, scores.dtype)[None, :]
+    num_experts = ops.shape(logits)[-1]
+    per_group = num_experts // n_group
+    grouped = ops.reshape(choice, (-1, n_group, per_group))
+    group_scores = ops.sum(ops.top_k(grouped, 2)[0], axis=-1)  # (N, G)
+    _, groups = ops.top_k(group_scores, topk_group)
+    kept = ops.sum(ops.one_hot(groups, n_group, dtype="float32"), axis=1)  # (N, G) 0 / 1
+    kept = ops.reshape(ops.repeat(kept[..., None], per_group, axis=-1), (-1, num_experts))
+    choice = ops.where(kept > 0, choice, ops.full_like(choice, float("-inf")))
+    _, indices = ops.top_k(choice, num_experts_per_tok)
+    indices = ops.cast(indices, "int32")
+    weights = ops.take_along_axis(scores, indices, axis=-1)
+    if norm_topk_prob:
+        weights = weights / (ops.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return weights * routed_scaling_factor, indices, scores
+
+
 # A routing rule is named here: `rule(logits, k, norm_topk_prob) -> (weights, indices,
-# probs)`. Later rules (gpt-oss's softmax over the top-k logits, DeepSeek V3's sigmoid
-# with a selection-only bias and groups, Llama 4's sigmoid top-1) are new entries.
-ROUTING = {"softmax_topk": softmax_topk}
+# probs)` (gpt-oss's "topk_softmax" is registered below it). A later rule (Llama 4's
+# sigmoid top-1) is a new entry.
+# "sigmoid_group_topk" also reads the layer's `router_correction_bias`, `n_group`,
+# `topk_group` and `routed_scaling_factor` (`MixtureOfExperts._routing_arguments`).
+ROUTING = {"softmax_topk": softmax_topk, "sigmoid_group_topk": sigmoid_group_topk}
+# The rules that take the layer's group arguments after (logits, k, norm_topk_prob).
+GROUPED_ROUTING = ("sigmoid_group_topk",)
 
 
 def topk_softmax(logits, num_experts_per_tok, norm_topk_prob):
@@ -107,6 +154,30 @@ class MixtureOfExperts(keras.layers.Layer):
     `norm_topk_prob` field): a Mixtral layer is `norm_topk_prob=True`. The router's
     softmax runs in float32 whatever the compute dtype, as transformers does.
 
+    With `routing="sigmoid_group_topk"` (DeepSeek V3, transformers'
+    `DeepseekV3TopkRouter`): scores `s = sigmoid(x W_router)`; the choice reads
+    `s + router_correction_bias` (a non-trainable `(E,)` weight, DeepSeek's
+    `e_score_correction_bias`, for the choice only: the weights never see it): the E
+    experts in `n_group` groups, each group scored by the sum of its two best, the
+    `topk_group` best groups kept and the k best of their experts chosen; the weights
+    are those experts' `s`, divided by their sum when `norm_topk_prob`, times
+    `routed_scaling_factor`. In float32 too.
+
+    Routing rules (`routing`): the scores; what chooses the k experts; their weights
+    (`norm`: renormalised when `norm_topk_prob`; G `n_group`, g `topk_group`,
+    factor `routed_scaling_factor`).
+
+    | rule                   | scores  | choice                                | weights                 |
+    |------------------------|---------|---------------------------------------|-------------------------|
+    | `"softmax_topk"`       | softmax | top-k scores                          | norm(scores)            |
+    | `"sigmoid_group_topk"` | sigmoid | top-k scores + bias in best g of G groups | norm(scores) x factor |
+
+    Shared expert (`shared_intermediate_dim` S: DeepSeek V3's `n_shared_experts *
+    moe_intermediate_size`, Qwen3-Next's `shared_expert_intermediate_size`): a dense
+    gated MLP every token runs, summed with the routed output,
+    `y += W_sd (act(W_sg x) * W_su x)`; with `shared_expert_gate` (Qwen3-Next) it is
+    first multiplied by the per-token scalar `sigmoid(x W_gate_s)`.
+
     No token is dropped: every token runs through its k experts whatever the load
     (no capacity factor), as Mixtral and Qwen3-MoE do.
 
@@ -143,12 +214,13 @@ class MixtureOfExperts(keras.layers.Layer):
     `(E, F)` and `output_bias` `(E, D)` with `use_expert_bias`.
     transformers' fused `experts.gate_up_proj` `(E, 2F, D)` is `[gate; up]` transposed
     (gpt-oss's `(E, D, 2F)` interleaves them: gate the even columns, up the odd ones).
-
-    Hook: a shared expert (Qwen3-Next, DeepSeek V3, Llama 4: a dense MLP every token
-    runs, plain or sigmoid-gated) is a later addition, summed in `call` where marked.
+    With a shared expert: `shared_gate_kernel` `(D, S)`, `shared_intermediate_kernel`
+    `(D, S)`, `shared_output_kernel` `(S, D)` (transformers' `shared_experts.gate_proj`,
+    `up_proj`, `down_proj` transposed) and, gated, `shared_expert_gate_kernel` `(D, 1)`.
+    With `"sigmoid_group_topk"`: `router_correction_bias` `(E,)` (float32, not trainable).
 
     Shapes: B batch, T length, D width, E `num_experts`, k `num_experts_per_tok`,
-    F `intermediate_dim`, N = B*T tokens.
+    F `intermediate_dim`, S `shared_intermediate_dim`, N = B*T tokens.
 
     Args:
         num_experts: E.
@@ -162,9 +234,11 @@ class MixtureOfExperts(keras.layers.Layer):
             layer: `coef * E * sum_e f_e P_e` over this call's B*T tokens (padding
             included: the feed-forward sees no mask). transformers computes one loss
             from all layers' logits concatenated, which for L layers is not the sum of
-            the L per-layer losses.
+            the L per-layer losses. Not with `"sigmoid_group_topk"` (DeepSeek V3
+            balances through its correction bias): a `ValueError`.
         routing: the routing rule's name: "softmax_topk" (softmax over all E, then the
-            top k) or "topk_softmax" (the top k logits, then a softmax over them: gpt-oss).
+            top k), "topk_softmax" (the top k logits, then a softmax over them: gpt-oss)
+            or "sigmoid_group_topk" (DeepSeek V3; above).
         implementation: "auto", "dense" or "sparse" (above).
         kernel_initializer: initializer of every kernel.
         use_router_bias: add a bias `router_bias` `(E,)` to the router's logits (gpt-oss).
@@ -175,6 +249,16 @@ class MixtureOfExperts(keras.layers.Layer):
             clamped SwiGLU above).
         swiglu_alpha: alpha of "gpt_oss_swiglu" (gpt-oss: 1.702).
         swiglu_limit: the clamp of "gpt_oss_swiglu" (gpt-oss: 7.0).
+        shared_intermediate_dim: S, the shared expert's hidden width, or 0 / None (the
+            default) for no shared expert.
+        shared_expert_gate: multiply the shared expert's output by
+            `sigmoid(x W_gate_s)` (Qwen3-Next's `shared_expert_gate`); needs S.
+        n_group: the expert groups of `"sigmoid_group_topk"` (it divides E into groups of
+            at least 2); 1 with the other rules.
+        topk_group: the groups kept per token (at most `n_group`, and their experts at
+            least k); 1 with the other rules.
+        routed_scaling_factor: the routing weights' multiplier (> 0) of
+            `"sigmoid_group_topk"`; 1.0 with the other rules.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -195,6 +279,17 @@ class MixtureOfExperts(keras.layers.Layer):
     ...                            use_expert_bias=True, expert_activation="gpt_oss_swiglu")
     >>> tuple(gpt_oss(np.ones((2, 5, 16), "float32")).shape)
     (2, 5, 16)
+
+    DeepSeek V3's routing and shared expert: 8 experts in 4 groups, 2 groups kept.
+
+    >>> deepseek = MixtureOfExperts(num_experts=8, num_experts_per_tok=2, intermediate_dim=8,
+    ...                             norm_topk_prob=True, routing="sigmoid_group_topk",
+    ...                             n_group=4, topk_group=2, routed_scaling_factor=2.5,
+    ...                             shared_intermediate_dim=16)
+    >>> tuple(deepseek(np.ones((2, 5, 16), "float32")).shape)
+    (2, 5, 16)
+    >>> tuple(deepseek.router_correction_bias.shape), deepseek.router_correction_bias.trainable
+    ((8,), False)
     """
 
     def __init__(
@@ -213,6 +308,11 @@ class MixtureOfExperts(keras.layers.Layer):
         expert_activation: str = "gated",
         swiglu_alpha: float = 1.702,
         swiglu_limit: float = 7.0,
+        shared_intermediate_dim: int | None = None,
+        shared_expert_gate: bool = False,
+        n_group: int = 1,
+        topk_group: int = 1,
+        routed_scaling_factor: float = 1.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -241,6 +341,8 @@ class MixtureOfExperts(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self._init_gpt_oss_options(use_router_bias, use_expert_bias, expert_activation,
                                    swiglu_alpha, swiglu_limit)
+        self._init_shared_expert(shared_intermediate_dim, shared_expert_gate)
+        self._init_group_routing(n_group, topk_group, routed_scaling_factor)
         self.supports_masking = True  # per token: a Keras mask passes through
 
     def _init_gpt_oss_options(self, use_router_bias, use_expert_bias, expert_activation,
@@ -259,6 +361,56 @@ class MixtureOfExperts(keras.layers.Layer):
         self.swiglu_alpha = check_positive_float("swiglu_alpha", swiglu_alpha)
         self.swiglu_limit = check_positive_float("swiglu_limit", swiglu_limit)
 
+    def _init_shared_expert(self, shared_intermediate_dim, shared_expert_gate):
+        """The shared expert's width (0 / None: none) and its sigmoid gate."""
+        self.shared_intermediate_dim = check_positive_int(
+            "shared_intermediate_dim", shared_intermediate_dim or None, allow_none=True)
+        if not isinstance(shared_expert_gate, bool):
+            raise ValueError("`shared_expert_gate` must be a bool. "
+                             f"Received: shared_expert_gate={shared_expert_gate!r}")
+        if shared_expert_gate and not self.shared_intermediate_dim:
+            raise ValueError("`shared_expert_gate=True` gates the shared expert, which needs "
+                             "`shared_intermediate_dim`. Received: shared_expert_gate=True, "
+                             f"shared_intermediate_dim={shared_intermediate_dim!r}")
+        self.shared_expert_gate = shared_expert_gate
+
+    def _init_group_routing(self, n_group, topk_group, routed_scaling_factor):
+        """DeepSeek V3's routing arguments: checked, and neutral under the other rules."""
+        self.n_group = check_positive_int("n_group", n_group)
+        self.topk_group = check_positive_int("topk_group", topk_group)
+        if isinstance(routed_scaling_factor, bool) or not isinstance(
+                routed_scaling_factor, (int, float)) or not routed_scaling_factor > 0:
+            raise ValueError("`routed_scaling_factor` must be a number > 0. "
+                             f"Received: routed_scaling_factor={routed_scaling_factor!r}")
+        self.routed_scaling_factor = float(routed_scaling_factor)
+        if self.routing not in GROUPED_ROUTING:
+            for name, neutral in (("n_group", 1), ("topk_group", 1),
+                                  ("routed_scaling_factor", 1.0)):
+                if getattr(self, name) != neutral:
+                    raise ValueError(
+                        f"`{name}` is read by routing {GROUPED_ROUTING[0]!r} only; routing "
+                        f"{self.routing!r} needs it at {neutral!r}. Received: "
+                        f"{name}={getattr(self, name)!r}")
+            return
+        E = self.num_experts
+        if E % self.n_group or E // self.n_group < 2:
+            raise ValueError(
+                f"`n_group` must divide num_experts={E} into groups of at least 2 experts "
+                f"(each group is scored by its top 2). Received: n_group={n_group!r}")
+        if self.topk_group > self.n_group:
+            raise ValueError(f"`topk_group` must be at most n_group={self.n_group}. "
+                             f"Received: topk_group={topk_group!r}")
+        if self.num_experts_per_tok > self.topk_group * (E // self.n_group):
+            raise ValueError(
+                f"`num_experts_per_tok` must be at most the experts of the kept groups "
+                f"(topk_group * num_experts / n_group = {self.topk_group * (E // self.n_group)})"
+                f". Received: num_experts_per_tok={self.num_experts_per_tok!r}")
+        if self.router_aux_loss_coef:
+            raise ValueError(
+                "`router_aux_loss_coef` is the softmax routers' load-balancing loss; routing "
+                f"{self.routing!r} (DeepSeek V3) balances with its correction bias instead. "
+                f"Received: router_aux_loss_coef={self.router_aux_loss_coef!r}")
+
     def _kernel(self, shape, name):
         return self.add_weight(shape=shape, name=name,
                                initializer=clone_initializer(self.kernel_initializer))
@@ -270,6 +422,11 @@ class MixtureOfExperts(keras.layers.Layer):
         self.intermediate_kernel = self._kernel((E, D, F), "intermediate_kernel")
         self.output_kernel = self._kernel((E, F, D), "output_kernel")
         self._build_biases(D, E, F)
+        self._build_shared_expert(D)
+        if self.routing in GROUPED_ROUTING:  # used for the choice only: no gradient reaches it
+            self.router_correction_bias = self.add_weight(
+                shape=(E,), name="router_correction_bias", initializer="zeros",
+                trainable=False, dtype="float32")
         self.built = True
 
     def _build_biases(self, D, E, F):
@@ -298,13 +455,42 @@ class MixtureOfExperts(keras.layers.Layer):
             bias = ops.take(bias, experts, axis=0)
         return bias[:, None, :]
 
+    def _build_shared_expert(self, D):
+        S = self.shared_intermediate_dim
+        if not S:
+            return
+        self.shared_gate_kernel = self._kernel((D, S), "shared_gate_kernel")
+        self.shared_intermediate_kernel = self._kernel((D, S), "shared_intermediate_kernel")
+        self.shared_output_kernel = self._kernel((S, D), "shared_output_kernel")
+        if self.shared_expert_gate:
+            self.shared_expert_gate_kernel = self._kernel((D, 1), "shared_expert_gate_kernel")
+
+    def _shared_expert(self, tokens):
+        """The shared expert's `(N, D)` output: `W_down (act(W_gate x) * W_up x)`, times
+        `sigmoid(x W_sg)` with `shared_expert_gate`."""
+        hidden = self.activation(ops.matmul(tokens, self.shared_gate_kernel)) * ops.matmul(
+            tokens, self.shared_intermediate_kernel)
+        out = ops.matmul(hidden, self.shared_output_kernel)
+        if self.shared_expert_gate:
+            out = ops.sigmoid(ops.matmul(tokens, self.shared_expert_gate_kernel)) * out
+        return out
+
+    def _routing_arguments(self):
+        """The arguments a rule takes after `(logits, k, norm_topk_prob)`."""
+        if self.routing not in GROUPED_ROUTING:
+            return ()
+        return (self.router_correction_bias, self.n_group, self.topk_group,
+                self.routed_scaling_factor)
+
     def route(self, tokens):
-        """`(weights, indices, probs)` for `(N, D)` tokens (see `softmax_topk`)."""
+        """`(weights, indices, probs)` for `(N, D)` tokens (see `softmax_topk`,
+        `sigmoid_group_topk`: its `probs` are the sigmoid scores)."""
         logits = ops.matmul(tokens, self.router_kernel)
         if self.use_router_bias:
             logits = logits + self.router_bias
         logits = ops.cast(logits, "float32")
-        return ROUTING[self.routing](logits, self.num_experts_per_tok, self.norm_topk_prob)
+        return ROUTING[self.routing](logits, self.num_experts_per_tok, self.norm_topk_prob,
+                                     *self._routing_arguments())
 
     def _chosen_path(self):
         if self.implementation != "auto":
@@ -321,7 +507,8 @@ class MixtureOfExperts(keras.layers.Layer):
             out = self._dense_experts(tokens, weights, indices)
         else:
             out = self._sparse_experts(tokens, weights, indices)
-        # Hook: a shared expert's output is added to `out` here (a later addition).
+        if self.shared_intermediate_dim:  # every token through the shared expert too
+            out = out + self._shared_expert(tokens)
         if training and self.router_aux_loss_coef:
             self.add_loss(self.router_aux_loss_coef
                           * load_balancing_loss(probs, indices, self.num_experts))
@@ -356,15 +543,18 @@ class MixtureOfExperts(keras.layers.Layer):
         sorted_experts = ops.take(experts, order)
         rank = ops.arange(A, dtype="int32") - ops.take(start, sorted_experts)
         slot_sorted = ops.take(padded_start, sorted_experts) + rank
-        # slot[a]: where copy a sits in the buffer (the inverse of the sort).
-        slot = ops.scatter(order[:, None], slot_sorted, (A,))
+        # slot[a]: where copy a sits in the buffer (the inverse of the sort). Not
+        # `ops.scatter`, which on PyTorch loops in Python over the rows, reading each index
+        # (no traced decoding step: `keras_attn._device.traced_step`).
+        slot = ops.take(slot_sorted, ops.cast(ops.argsort(order), "int32"))
         # Blocks: A // rows + E bounds the padded total (each expert pads < rows).
         blocks = A // rows + E
         capacity = blocks * rows
         width = tokens.shape[-1]
         # Sorted copy i is token order[i] // k (indices are (N, k) flattened).
-        buffer = ops.scatter(slot_sorted[:, None], ops.take(tokens, order // k, axis=0),
-                             (capacity, width))
+        buffer = ops.scatter_update(  # each slot written once: an update, not a sum
+            ops.zeros((capacity, width), tokens.dtype), slot_sorted[:, None],
+            ops.take(tokens, order // k, axis=0))
         starts = ops.arange(blocks, dtype="int32") * rows
         # A block's expert: the number of padded ranges that end at or before its start
         # (blocks past every range are zeros; any expert will do, clipped to E - 1).
@@ -402,5 +592,10 @@ class MixtureOfExperts(keras.layers.Layer):
             "expert_activation": self.expert_activation,
             "swiglu_alpha": self.swiglu_alpha,
             "swiglu_limit": self.swiglu_limit,
+            "shared_intermediate_dim": self.shared_intermediate_dim,
+            "shared_expert_gate": self.shared_expert_gate,
+            "n_group": self.n_group,
+            "topk_group": self.topk_group,
+            "routed_scaling_factor": self.routed_scaling_factor,
         })
         return config

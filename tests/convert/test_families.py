@@ -227,6 +227,17 @@ REFUSED = [
     ("gpt_oss", {"swiglu_alpha": None}, "swiglu_alpha"),
     # The released gpt-oss checkpoints store the experts in MXFP4 (`*_blocks`, `*_scales`).
     ("gpt_oss", {"quantization_config": {"quant_method": "mxfp4"}}, "quantization_config"),
+    # DeepSeek V3's router: the rule it reproduces, and groups that exist.
+    ("deepseek_v3", {"topk_method": "greedy"}, "topk_method"),
+    ("deepseek_v3", {"scoring_func": "softmax"}, "scoring_func"),
+    ("deepseek_v3", {"n_group": 3}, "n_group"),
+    ("deepseek_v3", {"n_group": 8}, "n_group"),  # groups of one expert: no top 2
+    ("deepseek_v3", {"topk_group": 5}, "topk_group"),
+    ("deepseek_v3", {"topk_group": 1, "num_experts_per_tok": 3}, "num_experts_per_tok"),
+    ("deepseek_v3", {"n_shared_experts": 0}, "n_shared_experts"),
+    ("deepseek_v3", {"first_k_dense_replace": -1}, "first_k_dense_replace"),
+    ("deepseek_v3", {"norm_topk_prob": None}, "norm_topk_prob"),
+    ("deepseek_v3", {"num_key_value_heads": 2}, "num_key_value_heads"),
 ]
 
 
@@ -255,6 +266,11 @@ CROSS = [
     ("gpt_oss", {"intermediate_size": 32}, ["intermediate_size=32", "(E, D, 2F)",
                                             "mlp.experts.gate_up_proj"]),
     ("gpt_oss", {"num_local_experts": 3}, ["num_local_experts=3", "gate_up_proj"]),
+    ("deepseek_v3", {"n_shared_experts": 2}, ["S=48", "shared_experts.gate_proj.weight"]),
+    ("deepseek_v3", {"first_k_dense_replace": 0}, ["model.layers.0.mlp.gate.weight"]),
+    ("deepseek_v3", {"kv_lora_rank": 8}, ["kv_lora_rank=8", "kv_a_proj_with_mqa.weight"]),
+    ("deepseek_v3", {"drop": "model.layers.1.mlp.gate.e_score_correction_bias"},
+     ["state_dict is missing", "model.layers.1.mlp.gate.e_score_correction_bias"]),
 ]
 
 
