@@ -2,7 +2,7 @@
 
 import keras
 
-__all__ = ["clone_initializer", "gelu_approximate"]
+__all__ = ["check_not_quantized", "clone_initializer", "gelu_approximate"]
 
 
 def clone_initializer(initializer):
@@ -20,3 +20,22 @@ def gelu_approximate(x):
     (`"keras_attn>gelu_approximate"`).
     """
     return keras.activations.gelu(x, approximate=True)
+
+
+def check_not_quantized(layer):
+    """A `ValueError` when a sublayer of `layer` is quantized (`Model.quantize`).
+
+    `get_config` calls it. The layers build their sublayers (Dense, EinsumDense, Embedding)
+    from their own config with their own float dtype policy; a quantized sublayer's mode
+    is in its dtype policy only, which that config does not carry. A quantized model
+    saved as `.keras` then failed to load ("Layer 'intermediate_dense' expected 2
+    variables, but received 0", issue 38): it is refused when saved instead.
+    """
+    modes = sorted({mode for sub in layer._flatten_layers(include_self=False)
+                    if (mode := getattr(sub.dtype_policy, "quantization_mode", None))})
+    if modes:
+        raise ValueError(
+            f"A quantized `{type(layer).__name__}` cannot be saved or serialised yet: its "
+            f"config rebuilds float sublayers, which cannot take the quantized weights back. "
+            f"Save the model before `quantize(...)` and quantize it again after loading. "
+            f"Received: quantization_mode={modes[0]!r} in layer {layer.name!r}")

@@ -8,7 +8,7 @@ from keras import ops
 from keras_attn._typing import Initializer
 from keras_attn._validation import check_dropout, check_positive_float, check_positive_int
 from keras_attn.layers import _keras_compat as compat
-from keras_attn.layers._common import clone_initializer
+from keras_attn.layers._common import check_not_quantized, clone_initializer
 from keras_attn.layers._sublayers import (
     GivenSublayers,
     build_given,
@@ -360,6 +360,7 @@ class TransformerLayerBase(keras.layers.Layer):
         return tuple(inputs_shape)
 
     def get_config(self):
+        check_not_quantized(self)
         config = super().get_config()
         config.update({
             "num_heads": self.num_heads,

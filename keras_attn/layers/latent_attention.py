@@ -31,6 +31,7 @@ from keras_attn.attention import attend_heads, combine_masks
 from keras_attn.latent_cache import LatentCache
 from keras_attn.layers import _keras_compat as compat
 from keras_attn.layers import _projection as projection
+from keras_attn.layers._common import check_not_quantized
 from keras_attn.options import expose_options, pop_options
 
 __all__ = ["DECODE_FORMS", "MultiHeadLatentAttention"]
@@ -422,6 +423,7 @@ class MultiHeadLatentAttention(keras.layers.Layer):
         return results if len(results) > 1 else results[0]
 
     def get_config(self):
+        check_not_quantized(self)
         config = super().get_config()
         config.update({
             "num_heads": self.num_heads, "kv_lora_rank": self.kv_lora_rank,

@@ -24,6 +24,7 @@ from keras_attn._validation import (
 from keras_attn.attention import attend_heads, combine_masks
 from keras_attn.layers import _keras_compat as compat
 from keras_attn.layers import _projection as projection
+from keras_attn.layers._common import check_not_quantized
 from keras_attn.options import expose_options, pop_options
 
 __all__ = ["MultiHeadAttention"]
@@ -409,6 +410,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return compat.output_spec(self, query, value, key, return_attention_scores, cache)
 
     def get_config(self):
+        check_not_quantized(self)
         config = super().get_config()
         config.update({
             "num_heads": self.num_heads, "key_dim": self.key_dim, "value_dim": self.value_dim,

@@ -11,6 +11,7 @@ from keras_attn._validation import check_positive_float, check_positive_int, con
 from keras_attn.cache import empty_cache
 from keras_attn.generation import _check_temperature, _stop_token_ids, check_generated
 from keras_attn.generation import generate as generate_tokens
+from keras_attn.layers._common import check_not_quantized
 from keras_attn.models._generate_loop import (
     _default_jit_compile,
     _empty_caches,
@@ -514,6 +515,12 @@ class CausalLM(keras.Model):
         check_generated(tokens, max_length)  # non-finite logits, once the values are known
         return ops.convert_to_tensor(tokens, "int32")
 
+    def save(self, filepath, *args, **kwargs):
+        """`keras.Model.save`, refusing a quantized model before a file is written
+        (`get_config` refuses it too, after Keras has opened the file)."""
+        check_not_quantized(self)
+        return super().save(filepath, *args, **kwargs)
+
     def save_pretrained(self, path, max_shard_size="5GB"):
         """Write a Hugging Face checkpoint folder that transformers' `from_pretrained` loads.
 
@@ -530,6 +537,7 @@ class CausalLM(keras.Model):
         causal_lm_to_pretrained(self, path, max_shard_size=max_shard_size)
 
     def get_config(self):
+        check_not_quantized(self)
         config = super().get_config()
         config.update({
             "vocabulary_size": self.vocabulary_size,

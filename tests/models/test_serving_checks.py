@@ -55,3 +55,17 @@ def test_any_int_seed_samples_on_every_backend(lm):
     negative = sample(-3)
     assert negative.shape == (1, 8) and negative.min() >= 0 and negative.max() < V
     np.testing.assert_array_equal(sample(2**40 + 5), sample(5))  # 2**40 + 5 = 5 mod 2**32
+
+
+def test_a_quantized_model_is_refused_when_saved_not_when_used(tmp_path):
+    """Before: `save` wrote a `.keras` file that failed to load ("Layer
+    'intermediate_dense' expected 2 variables, but received 0"): the blocks rebuild float
+    sublayers from their config. Now `save` refuses by name; the model still runs."""
+    lm = _lm()
+    lm.quantize("int8")
+    ids = np.array([[1, 2, 3]], "int32")
+    assert tuple(lm.generate(ids, max_length=5).shape) == (1, 5)
+    with pytest.raises(ValueError, match=r"A quantized `CausalLM` cannot be saved.*"
+                                         r"Received: quantization_mode='int8'"):
+        lm.save(str(tmp_path / "quantized.keras"))
+    assert not (tmp_path / "quantized.keras").exists()
