@@ -205,6 +205,21 @@ REFUSED = [
     ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
     ("qwen3_moe", {"num_experts": 3, "num_local_experts": 4}, "num_experts"),
     ("qwen3_moe", {"norm_topk_prob": None}, "norm_topk_prob"),
+    # Issue 35: Qwen 3.5's hybrid stack.
+    ("qwen3_5_text", {"layer_types": ["linear_attention", "sliding_attention"] * 2},
+     "layer_types"),
+    ("qwen3_5_text", {"layer_types": ["linear_attention"] * 3}, "layer_types"),
+    ("qwen3_5_text", {"hidden_act": "gelu"}, "hidden_act"),
+    ("qwen3_5_text", {"linear_num_value_heads": 3}, "linear_num_value_heads"),
+    ("qwen3_5_text", {"linear_conv_kernel_dim": 0}, "linear_conv_kernel_dim"),
+    ("qwen3_5_text", {"attn_output_gate": False}, "attn_output_gate"),
+    ("qwen3_5_text", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                          "partial_rotary_factor": 0.5,
+                                          "mrope_section": "2,1,1"}},
+     "rope_parameters['mrope_section']"),
+    ("qwen3_5_text", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                          "partial_rotary_factor": 0.4375}},
+     "rope_parameters"),
 ]
 
 
@@ -230,6 +245,14 @@ CROSS = [
     ("mixtral", {"num_local_experts": 3}, ["num_experts=3", "mlp.gate.weight"]),
     ("qwen3_moe", {"moe_intermediate_size": 32}, ["moe_intermediate_size", "F=32", "gate_up_proj"]),
     ("qwen3_moe", {"mlp_only_layers": []}, ["model.layers.0.mlp.gate.weight"]),
+    ("qwen3_5_text", {"linear_num_value_heads": 8},
+     ["linear_num_value_heads=8", "in_proj_qkv.weight"]),
+    ("qwen3_5_text", {"linear_conv_kernel_dim": 3},
+     ["linear_conv_kernel_dim=3", "conv1d.weight"]),
+    ("qwen3_5_text", {"head_dim": 8}, ["head_dim=8", "a query and a gate per head",
+                                       "q_proj.weight"]),
+    ("qwen3_5_text", {"layer_types": ["full_attention"] + ["linear_attention"] * 3},
+     ["model.layers.0.linear_attn"]),
 ]
 
 
