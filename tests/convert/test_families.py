@@ -76,6 +76,7 @@ def test_ablation_moves_the_logits(converted, name):
     ("gemma2", {"attention_bias": True, "attn_logit_softcapping": None,
                 "final_logit_softcapping": None}),
     ("phi3", {"partial_rotary_factor": 0.5}),  # Phi-4-mini's partial rotary (0.75 there)
+    ("qwen3_5_text", {"attention_bias": True}),  # the gate's bias: q_proj.bias's second rows
     # Ministral 3's query scale over default RoPE: n read for the scale alone.
     ("ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                         "original_max_position_embeddings": 4,
