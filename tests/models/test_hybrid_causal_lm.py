@@ -81,10 +81,15 @@ def test_prefill_whole_prompt_equals_token_by_token():
     for i in range(prompt.shape[1]):
         steps, step_caches = lm.next_token_logits(prompt[:, i:i + 1], step_caches, i)
     assert_close(to_numpy(steps)[:, -1], to_numpy(whole)[:, -1], against=UNCACHED)
-    for a, b in zip(whole_caches[:3], step_caches[:3]):
-        assert_close(to_numpy(a.recurrent_state), to_numpy(b.recurrent_state),
-                     against=UNCACHED)
-        assert_close(to_numpy(a.conv_state), to_numpy(b.conv_state), against=UNCACHED)
+    # The first linear block sees the same inputs either way: its states agree to the
+    # float32 tolerance. The later blocks' inputs carry the earlier blocks' rounding (the
+    # chunked solve against the recurrent steps, ~2e-5 after two blocks): 1e-4 there.
+    for i, (a, b) in enumerate(zip(whole_caches[:3], step_caches[:3])):
+        for x, y in zip(a, b):  # conv_state, recurrent_state
+            if i == 0:
+                assert_close(to_numpy(x), to_numpy(y), against=UNCACHED)
+            else:
+                np.testing.assert_allclose(to_numpy(x), to_numpy(y), rtol=1e-4, atol=1e-4)
     assert_close(to_numpy(whole), to_numpy(lm(prompt)), against=UNCACHED)
 
 
