@@ -13,7 +13,8 @@ tensor-parallel plan, written for the weight names of every keras_attn layer:
   `output_dense`;
 - expert-parallel (split on the expert axis, axis 0): `MixtureOfExperts`'
   `gate_kernel`, `intermediate_kernel` `(E, D, F)` and `output_kernel` `(E, F, D)`,
-  each device holding E / M whole experts; its router is replicated. A layer whose
+  each device holding E / M whole experts; its router (and a shared expert's kernels,
+  DeepSeek V3's router correction bias) is replicated. A layer whose
   `num_experts` is not divisible by M keeps its experts replicated;
 - everything else is replicated: LayerNorms (`*_norm/gamma`, `*_norm/beta`),
   embeddings, and any weight the map does not name.

@@ -77,8 +77,9 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             number > 0 to sample from `softmax(logits / temperature)`.
         top_k: with sampling, draw only among the k most likely tokens
             (a positive int).
-        seed: an int or a `keras.random.SeedGenerator` for sampling. The
-            noise of every step is drawn once before the loop (Gumbel-max:
+        seed: an int (any: taken modulo 2**32, as Keras's TensorFlow and
+            PyTorch backends take it) or a `keras.random.SeedGenerator` for
+            sampling. The noise of every step is drawn once before the loop (Gumbel-max:
             `argmax(logits / temperature + Gumbel noise)` is an exact
             sample), which keeps random state out of the compiled loop; it
             costs `(L - P) * B * V` floats.
@@ -201,6 +202,12 @@ def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, 
     noise = None
     if temperature > 0:
         # One (B, V) slab of Gumbel noise per generated token: (L - P, B, V).
+        if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+            # Keras's seeds are uint32: its int32-seeded backends (TensorFlow, PyTorch) take
+            # an int modulo 2**32, its uint32 ones (JAX, NumPy) raise OverflowError for a
+            # negative one or one >= 2**32. Modulo 2**32 everywhere: any int on every
+            # backend, the same draws as before on TensorFlow and PyTorch.
+            seed = int(seed) % 2**32
         uniform = keras.random.uniform((max_length - prompt_length, batch, vocabulary),
                                        minval=1e-7, maxval=1.0, seed=seed)
         noise = -ops.log(-ops.log(uniform))

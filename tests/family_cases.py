@@ -29,8 +29,9 @@ _COMMON = dict(vocab_size=V, hidden_size=D, intermediate_size=F, num_attention_h
 # the blocks `changes["where"]` selects ("all", "sliding" or "no_rope": those without RoPE),
 # "norm_offset" takes 1 from every RMSNorm scale (forgetting Gemma's `1 + w`),
 # "qk_norm_ones" sets the qk-norm scales to 1 (ignoring q_norm / k_norm), "zero_weights"
-# zeroes the kernels of the layers named in `changes["names"]`, "variables" sets every
-# variable whose name is a key of `changes` to its value.
+# zeroes the kernels of the layers named in `changes["names"]`, "zero_variables" the
+# variables of those names (a MixtureOfExperts' `router_correction_bias`), "variables" sets
+# every variable whose name is a key of `changes` to its value.
 # The post-norm families' tiny sizes (V 64, D 32) and their ablation: the same norms
 # before the sublayers (the post norms' weights become the input norms': same order).
 _TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48)
@@ -219,6 +220,35 @@ CASES = {
         moe_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[0],
         decoder_sparse_step=1, tie_word_embeddings=False),
         29, ("num_experts_per_tok 2 -> 1", "feed_forward", {"num_experts_per_tok": 1})),
+    # gpt-oss: the attention (sinks, biases, a sliding and a full block, yarn) and every
+    # feed-forward a mixture of 4 experts, top-2 (F = 48 each): the router's softmax over
+    # the top-2 logits, biases everywhere, the clamped SwiGLU with a limit of 3 (which the
+    # std-0.35 projections cross). Ablation: the softmax over all 4 experts, top-2 kept and
+    # not renormalised.
+    "gpt_oss": ("GptOssConfig", dict(
+        num_hidden_layers=2, head_dim=16, intermediate_size=48, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=6, swiglu_limit=3.0, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 16}),
+        30, ("softmax over all experts, not over the top-k", "feed_forward",
+             {"routing": "softmax_topk", "norm_topk_prob": False})),
+    # DeepSeek V3: latent attention (a low-rank query, interleaved RoPE) in every block;
+    # block 0 dense (first_k_dense_replace), blocks 1 and 2 a mixture of 8 experts in 4
+    # groups, 2 groups kept, top-2, renormalised, times 2.5, with one shared expert; the
+    # correction biases drawn with std 0.35 (`build_hf`); seed 36, where every router's
+    # group and expert margins exceed 2e-3 (tests/convert/test_deepseek_v3.py asserts it).
+    # Ablation: the correction bias ignored in the choice (zeroed).
+    "deepseek_v3": ("DeepseekV3Config", dict(
+        num_hidden_layers=3, num_key_value_heads=H, q_lora_rank=24, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8,
+        num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+        moe_intermediate_size=24, first_k_dense_replace=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        36, ("correction bias ignored in the choice (router_correction_bias zeroed)",
+             "zero_variables", {"names": ("router_correction_bias",)})),
     # Qwen 3.5 (issue 35): 3 Gated DeltaNet layers then a gated softmax one, partial
     # rotary 0.5 of d = 16, the multimodal RoPE fields (an identity for text), T = 24 and
     # P = 8 against the chunk of 64. Ablation: the decay removed (A_log -> -30: g = 0).
@@ -254,6 +284,8 @@ def config_kwargs(name, small=False):
         for key, value in CASES[name][1].items():  # the family has no such field
             if value is DROP:
                 kwargs.pop(key, None)
+        if kwargs.get("kv_lora_rank"):  # latent attention: every head its own key/value
+            kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]
     params = kwargs.get("rope_parameters")
     if isinstance(params, dict) and params.get("rope_type") == "longrope":
         head_dim = kwargs.get("head_dim") or kwargs["hidden_size"] // kwargs["num_attention_heads"]
@@ -311,6 +343,10 @@ def ablate(lm, name):
             layer.scale.assign(keras.ops.convert_to_numpy(layer.scale) - 1.0)
         elif kind == "qk_norm_ones" and layer.name in ("query_norm", "key_norm"):
             layer.scale.assign(np.ones(tuple(layer.scale.shape), "float32"))
+    if kind == "zero_variables":
+        for variable in new.weights:
+            if variable.name in changes["names"]:
+                variable.assign(np.zeros(tuple(variable.shape), variable.dtype))
     if kind == "variables":  # every variable named so (its last path part) set to a value
         for variable in new.weights:
             if variable.path.split("/")[-1] in changes:
@@ -357,6 +393,8 @@ def build_hf(name, small=False, **overrides):
         for key, buffer in model.named_buffers():
             if key.endswith("layer_scalar"):  # Gemma 4's: a stored buffer, ones at first
                 buffer.copy_(1.0 + STD * torch.randn(buffer.shape, generator=generator))
+            if key.endswith("e_score_correction_bias"):  # DeepSeek V3's: zeros at first
+                buffer.copy_(STD * torch.randn(buffer.shape, generator=generator))
     return model.float().eval()
 
 

@@ -58,6 +58,7 @@ class LayerCase:
     trainable_weights: int = 0
     cache: str | None = None
     attends: bool = True  # False: a layer with no attention (no path to observe)
+    non_trainable_weights: int = 0  # what `run_layer_test` checks
 
     def build(self, seed=0):
         """The layer, built for `inputs(seed)` and with randomised weights."""
@@ -153,6 +154,17 @@ CASES = {
         lambda seed: {"inputs": randn(rng(seed), B, T, D)}, None,
         keras_shapes={"input_shape": (B, T, D)}, expected_shape=(B, T, D), trainable_weights=4,
         attends=False),
+    # DeepSeek V3's routing (8 experts, sparse) with a shared expert: its correction bias is
+    # the one non-trainable weight (references: tests/layers/test_moe_deepseek.py).
+    "mixture_of_experts_deepseek": LayerCase(
+        keras_attn.MixtureOfExperts, dict(num_experts=8, num_experts_per_tok=2,
+                                          intermediate_dim=6, norm_topk_prob=True,
+                                          routing="sigmoid_group_topk", n_group=4,
+                                          topk_group=2, routed_scaling_factor=2.5,
+                                          shared_intermediate_dim=6),
+        lambda seed: {"inputs": randn(rng(seed), B, T, D)}, None,
+        keras_shapes={"input_shape": (B, T, D)}, expected_shape=(B, T, D), trainable_weights=7,
+        attends=False, non_trainable_weights=1),
     # RoPE has its own references (tests/layers/test_rotary_types.py); here Keras's checks only.
     "rotary": LayerCase(
         keras_attn.RotaryEmbedding, dict(max_wavelength=100.0, interleaved=True),

@@ -33,6 +33,27 @@ def _backend():
     return keras.backend.backend()
 
 
+@_hooks.provide("float64_dot_product_attention")
+def float64_dot_product_attention(query, key, value, *, bias=None, mask=None, scale=None,
+                                  is_causal=False):
+    """`ops.dot_product_attention` of float64 `(B, T, H, d)` tensors in float64: PyTorch's
+    own `scaled_dot_product_attention`, where Keras 3.15's computes in float32
+    (keras-team/keras#23704); `ops.dot_product_attention` on the other backends."""
+    if _backend() != "torch":
+        return keras.ops.dot_product_attention(query, key, value, bias=bias, mask=mask,
+                                               scale=scale, is_causal=is_causal)
+    import torch
+
+    q, k, v = (keras.ops.convert_to_tensor(x).transpose(1, 2) for x in (query, key, value))
+    # torch's attn_mask: a bool mask (True: may attend) or an additive float bias.
+    attn_mask = bias if bias is not None else mask
+    if attn_mask is not None:
+        attn_mask = keras.ops.convert_to_tensor(attn_mask)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale)
+    return out.transpose(1, 2)  # (B, T, H, d_v)
+
+
 @_hooks.provide("execution_mode")
 def execution_mode():
     """How TensorFlow runs the code being traced now: "eager", "graph" or "xla".

@@ -98,6 +98,9 @@ def explicit_attention(query, key, value, mask, bias, spec, *, sinks=None,
         output = ops.reshape(output, (*lead, H, T, static_shape(value)[-1]))  # (..., H, T, d_v)
     else:
         output = ops.matmul(attended, value)  # (..., T, d_v)
+    # float64 on PyTorch: Keras 3.15's `ops.matmul` returns float32 there
+    # (keras_attn._float64), which the float64 output projection would refuse.
+    output = ops.cast(output, value.dtype)
     if return_attention_scores:
         return output, weights
     return output

@@ -11,6 +11,7 @@ import math
 import keras
 from keras import ops
 
+from keras_attn._float64 import dot_product_attention
 from keras_attn._kernels.common import zero_unattended_keys
 from keras_attn._masks import combine_masks, positional_mask
 from keras_attn._shapes import static_shape, to_rank
@@ -118,11 +119,11 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
         bias = ops.where(allowed, bias, _large_negative(query.dtype))
         if keep is not None:
             bias = ops.where(keep, bias, ops.zeros_like(bias))
-        output = ops.dot_product_attention(query, key, value, bias=bias, scale=scale)
+        output = dot_product_attention(query, key, value, bias=bias, scale=scale)
     else:
         if keep is not None:
             allowed = ops.logical_or(allowed, ops.logical_not(keep))
-        output = ops.dot_product_attention(
+        output = dot_product_attention(
             query, key, value, mask=allowed, scale=scale, is_causal=use_flag)
     if keep is not None:
         keep = ops.transpose(keep, (0, 2, 1, 3))  # (B|1, T|1, H|1, 1)

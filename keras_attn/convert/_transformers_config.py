@@ -63,8 +63,11 @@ class LayerSpec:
     intermediate_dim: int | None = None  # this layer's F (Gemma 4's double-wide MLP), or None
     kv_source: int | None = None  # the layer whose keys and values this one reuses, or None
     # `MixtureOfExperts` keywords when this layer's feed-forward is a mixture of experts
-    # (`num_experts`, `num_experts_per_tok`, `intermediate_dim`, `norm_topk_prob`), or None
-    # for the dense MLP (Qwen3-MoE's `mlp_only_layers` / `decoder_sparse_step` schedule).
+    # (`num_experts`, `num_experts_per_tok`, `intermediate_dim`, `norm_topk_prob`; gpt-oss
+    # also `routing`, the biases and its `expert_activation`; DeepSeek V3 its `routing`,
+    # `n_group`, `topk_group`, `routed_scaling_factor` and `shared_intermediate_dim`), or
+    # None for the dense MLP (Qwen3-MoE's `mlp_only_layers` / `decoder_sparse_step`
+    # schedule, DeepSeek V3's `first_k_dense_replace`).
     mixture_of_experts: dict[str, Any] | None = None
     # `GatedDeltaNet` keywords when this layer's attention is linear (Qwen 3.5's
     # "linear_attention" layers: `linear_attn`), or None for softmax attention (`attention`).
@@ -103,7 +106,7 @@ class ModelSpec:
     logits_scaling: float | None = None  # the logits divided by it (Granite)
     # (config field, value) when every block's feed-forward is a mixture of experts, which
     # keras_attn does not build yet (issue 34): the block and model converters refuse it,
-    # naming the field; the attention converter converts the attention alone (gpt-oss).
+    # naming the field; the attention converter converts the attention alone.
     mixture_of_experts: tuple | None = None
     layer_scalar: bool = False  # each layer's output times its `layer_scalar` weight (Gemma 4)
     per_layer_input_dim: int | None = None  # P of the per-layer input embeddings (Gemma 4)
@@ -115,6 +118,10 @@ class ModelSpec:
     parallel_residual: bool = False
     # N, the rows of a learned absolute position table (GPT-2's `wpe`), or None: none
     position_embeddings: int | None = None
+    # `MultiHeadLatentAttention` keywords when every block's self-attention is multi-head
+    # latent attention (DeepSeek V3: `self_attn.q_a_proj`, `kv_a_proj_with_mqa`, ...), or
+    # None: `MultiHeadAttention` from the sizes above.
+    latent_attention: dict[str, Any] | None = None
 
     def layer_head_dim(self, index):
         """d of layer `index` (its own, or the model's `head_dim`)."""

@@ -21,8 +21,10 @@ from keras_attn.layers.latent_attention import MultiHeadLatentAttention
 __all__ = ["multi_head_latent_attention_from_transformers"]
 
 
-def _plan(entries, layer, D):
-    """Check every entry of the attention module against the layer's sizes; the assignments."""
+def _plan(entries, layer, D, sub="", check=_common.cross_check):
+    """Check every entry of the attention module (under `sub`: `model.layers.{i}.self_attn.`
+    in a whole model) against the layer's sizes; the assignments. `check` reads an entry
+    and checks its shape (`_common.cross_check`, or save_pretrained's probe)."""
     H, r, d_rope = layer.num_heads, layer.kv_lora_rank, layer.qk_rope_head_dim
     d_qk, d_nope, d_v = layer.qk_head_dim, layer.qk_nope_head_dim, layer.v_head_dim
     heads = (f"num_attention_heads={H}, qk_nope_head_dim={d_nope}, "
@@ -49,29 +51,30 @@ def _plan(entries, layer, D):
                f"{width}, num_attention_heads={H}, v_head_dim={d_v}", layer.use_bias)]
     plan = []
     for name, dense, shape, letters, fields, has_bias in parts:
-        w = _common.cross_check(entries, f"{name}.weight", shape, letters, fields)
+        w = check(entries, f"{sub}{name}.weight", shape, letters, fields)
         b = None
         if has_bias:
-            b = _common.cross_check(entries, f"{name}.bias", shape[:1], letters.split(",")[0] + ",)",
-                         f"attention_bias=True, {fields}")
-        elif entries.has(f"{name}.bias"):
+            b = check(entries, f"{sub}{name}.bias", shape[:1], letters.split(",")[0] + ",)",
+                      f"attention_bias=True, {fields}")
+        elif entries.has(f"{sub}{name}.bias"):
             why = ("the config has attention_bias=False" if name not in ("q_proj", "q_b_proj",
                    "kv_b_proj") else f"DeepseekV3Attention's {name} has no bias")
             raise ValueError(f"The config and the weights disagree: {why}, but state_dict has "
-                             f"{entries.key(name + '.bias')}.")
+                             f"{entries.key(sub + name + '.bias')}.")
         plan += _common.dense_plan(dense, w.T, b, name)
     norms = [("kv_a_layernorm", layer.key_value_a_norm, r, f"kv_lora_rank={r}")]
     if layer.q_lora_rank is not None:
         norms.insert(0, ("q_a_layernorm", layer.query_a_norm, layer.q_lora_rank,
                          f"q_lora_rank={layer.q_lora_rank}"))
     for name, norm, size, fields in norms:
-        w = _common.cross_check(entries, f"{name}.weight", (size,), "(width,)", fields)
+        w = check(entries, f"{sub}{name}.weight", (size,), "(width,)", fields)
         plan.append((norm.scale, w, f"{name} weight"))
     return plan
 
 
 def multi_head_latent_attention_from_transformers(
-        module_or_state_dict: Any, config: Any, layer_index: int = 0) -> MultiHeadLatentAttention:
+        module_or_state_dict: Any, config: Any, layer_index: int = 0,
+        prefix: str = "") -> MultiHeadLatentAttention:
     """A `keras_attn.MultiHeadLatentAttention` from a transformers latent attention module.
 
     Reads `q_proj` (or `q_a_proj`, `q_a_layernorm`, `q_b_proj`), `kv_a_proj_with_mqa`,
@@ -87,6 +90,8 @@ def multi_head_latent_attention_from_transformers(
             (`deepseek_v3`).
         layer_index: which layer (0-based; DeepSeek's attention is the same in every
             layer, the index is checked against `num_hidden_layers`).
+        prefix: where the attention's entries start in the state dict, for a whole
+            model's (e.g. "model.layers.1.self_attn."); only keys under it are read.
 
     Returns:
         A built `keras_attn.MultiHeadLatentAttention` for `(B, T, D)`.
@@ -110,7 +115,7 @@ def multi_head_latent_attention_from_transformers(
             0 <= layer_index < num_layers):
         raise ValueError(f"`layer_index` must be an int in [0, num_hidden_layers={num_layers}). "
                          f"Received: layer_index={layer_index!r}")
-    entries = _common.StateDict(module_or_state_dict, "")
+    entries = _common.StateDict(module_or_state_dict, prefix)
     layer = MultiHeadLatentAttention(**arguments)
     layer.build((None, None, D))
     plan = _plan(entries, layer, D)

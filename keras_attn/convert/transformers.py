@@ -3,17 +3,20 @@
 Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
 `gemma2`, `gemma3_text`, `gemma4_text`, `starcoder2`, `gemma`, `phi3`, `granite`,
 `ministral`, `ministral3`, `glm4`, `smollm3`, `olmo2`, `olmo3`, `exaone4`, `cohere2`,
-`gpt2`, `mixtral` and `qwen3_moe` (their mixtures of experts a `MixtureOfExperts` per
-block, from `mlp.gate.weight` and the fused `mlp.experts.gate_up_proj` / `down_proj`),
+`gpt2`, `mixtral`, `qwen3_moe`, `gpt_oss` and `deepseek_v3` (their mixtures of experts a
+`MixtureOfExperts` per block, from `mlp.gate.weight` and the fused
+`mlp.experts.gate_up_proj` / `down_proj`, with gpt-oss's biases `mlp.gate.bias`,
+`gate_up_proj_bias`, `down_proj_bias` after its `canonical_state_dict`; DeepSeek V3's
+shared expert and correction bias through `keras_attn.convert._shared_experts`, its latent
+attention, `self_attn.q_a_proj` ..., through `keras_attn.convert.latent_attention`'s map),
 `qwen3_5_text` (a hybrid stack: its "linear_attention" layers' `linear_attn` a
 `GatedDeltaNet`, mapped by `keras_attn.convert.gated_deltanet`; its gated attention's
-`self_attn.gate_proj`, split from `q_proj` by the family, to `self_attention.gate_dense`) (and
-the attention of `gpt_oss` and
-`deepseek_v3`: their blocks' mixture of experts is refused by name; `deepseek_v32` and
+`self_attn.gate_proj`, split from `q_proj` by the family, to `self_attention.gate_dense`)
+(`deepseek_v32` and
 `deepseek_v4` are refused as `families.REFUSED` says), each a module of
 `keras_attn.convert.families` (its fields, its spec, and its own weight names renamed or
-split into the Llama layout mapped below). `deepseek_v3`'s latent attention converts one
-layer at a time through `keras_attn.convert.latent_attention`.
+split into the Llama layout mapped below). `deepseek_v3`'s latent attention also converts
+one layer at a time through `keras_attn.convert.latent_attention`.
 transformers is never imported: configs are
 read through `to_dict()` (or are plain dicts, a `config.json`), tensors
 through `keras_attn.convert._common.to_numpy`. The config's fields are
@@ -51,10 +54,13 @@ from typing import Any
 import numpy as np
 
 from keras_attn.convert import _common, families, gated_deltanet, pretrained
+from keras_attn.convert import latent_attention as _latent
 from keras_attn.convert._common import cross_check as _cross_check
+from keras_attn.convert._shared_experts import shared_experts_plan
 from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
 from keras_attn.layers._common import gelu_approximate
 from keras_attn.layers.gated_deltanet import GatedDeltaNet
+from keras_attn.layers.latent_attention import MultiHeadLatentAttention
 from keras_attn.layers.mixture_of_experts import MixtureOfExperts
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
@@ -172,13 +178,18 @@ def _block(spec: ModelSpec, index, name=None, dtype=None):
     else:  # the block's `feed_forward=`: the dense MLP's flat arguments stay unset
         feed_forward = dict(feed_forward=MixtureOfExperts(
             **moe, activation=activation, name="feed_forward", dtype=dtype))
-    attention: dict[str, Any] = dict(
-        num_heads=spec.num_heads, key_dim=spec.layer_head_dim(index),
-        num_key_value_heads=spec.layer_kv_heads(index), attention_use_bias=spec.qkv_bias,
-        attention_output_use_bias=spec.output_bias, attention_dropout=spec.attention_dropout,
-        **spec.layers[index].attention)
+    flat = dict(num_heads=spec.num_heads, attention_use_bias=spec.qkv_bias,
+                attention_output_use_bias=spec.output_bias,
+                attention_dropout=spec.attention_dropout, **spec.layers[index].attention)
+    attention: dict[str, Any]
     if spec.layers[index].linear_attention is not None:  # a hybrid stack's linear block
         attention = dict(attention=gated_deltanet.layer(spec, index, dtype))
+    elif spec.latent_attention is None:
+        attention = dict(key_dim=spec.layer_head_dim(index),
+                         num_key_value_heads=spec.layer_kv_heads(index), **flat)
+    else:  # DeepSeek V3: the block's self-attention is latent (its options its own)
+        attention = dict(attention=MultiHeadLatentAttention(
+            **spec.latent_attention, name="self_attention", dtype=dtype), **flat)
     return TransformerDecoderLayer(
         normalization=spec.normalization, normalize_first=True,
         layer_norm_epsilon=spec.epsilon, use_bias=spec.mlp_bias,
@@ -192,8 +203,8 @@ def _experts_plan(entries, spec: ModelSpec, moe, sub, check):
     fused `mlp.experts.gate_up_proj` (E, 2F, D, gate rows first) and `down_proj` (E, D, F),
     cross-checked against the config, onto `MixtureOfExperts`' kernels."""
     D, E, F = spec.hidden_dim, moe.num_experts, moe.intermediate_dim
-    sizes = (f"num_experts={E}, the experts' F={F} (Mixtral's intermediate_size, "
-             f"Qwen3-MoE's moe_intermediate_size), hidden_size={D}")
+    sizes = (f"num_experts={E}, the experts' F={F} (Mixtral's and gpt-oss's "
+             f"intermediate_size, Qwen3-MoE's moe_intermediate_size), hidden_size={D}")
     router = check(entries, sub + "mlp.gate.weight", (E, D), "(E, D)", sizes)
     gate_up = check(entries, sub + "mlp.experts.gate_up_proj", (E, 2 * F, D), "(E, 2F, D)",
                     sizes)
@@ -202,7 +213,37 @@ def _experts_plan(entries, spec: ModelSpec, moe, sub, check):
             (moe.gate_kernel, gate_up[:, :F].transpose(0, 2, 1), "mlp.experts.gate_up_proj"),
             (moe.intermediate_kernel, gate_up[:, F:].transpose(0, 2, 1),
              "mlp.experts.gate_up_proj"),
-            (moe.output_kernel, down.transpose(0, 2, 1), "mlp.experts.down_proj")]
+            (moe.output_kernel, down.transpose(0, 2, 1), "mlp.experts.down_proj")
+            ] + _expert_biases_plan(entries, moe, sub, check, sizes)
+
+
+def _expert_biases_plan(entries, moe, sub, check, sizes):
+    """The router's bias `mlp.gate.bias` (E,) where `use_router_bias`, the experts'
+    `gate_up_proj_bias` (E, 2F, `[gate; up]`) and `down_proj_bias` (E, D) where
+    `use_expert_bias` (gpt-oss, in this layout after its `canonical_state_dict`); an
+    entry the layer has no weight for is refused."""
+    D, E, F = moe.output_kernel.shape[-1], moe.num_experts, moe.intermediate_dim
+    plan = []
+    parts = [(moe.use_router_bias, "mlp.gate.bias", "use_router_bias")]
+    parts += [(moe.use_expert_bias, f"mlp.experts.{n}", "use_expert_bias")
+              for n in ("gate_up_proj_bias", "down_proj_bias")]
+    for used, name, flag in parts:
+        if not used:
+            if entries.has(sub + name):
+                raise ValueError(f"The config and the weights disagree: the family's experts "
+                                 f"have no such bias ({flag}=False), but state_dict has "
+                                 f"{entries.key(sub + name)}.")
+            continue
+        if name == "mlp.gate.bias":
+            plan.append((moe.router_bias, check(entries, sub + name, (E,), "(E,)", sizes),
+                         "mlp.gate bias"))
+        elif name.endswith("gate_up_proj_bias"):
+            b = check(entries, sub + name, (E, 2 * F), "(E, 2F)", sizes)
+            plan += [(moe.gate_bias, b[:, :F], name), (moe.intermediate_bias, b[:, F:], name)]
+        else:
+            plan.append((moe.output_bias, check(entries, sub + name, (E, D), "(E, D)", sizes),
+                         name))
+    return plan
 
 
 def _block_options(spec):
@@ -275,11 +316,14 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
     if isinstance(block.self_attention, GatedDeltaNet):  # a hybrid stack's linear block
         plan = gated_deltanet.plan(entries, spec, block.self_attention, sub + "linear_attn.",
                                    check)
+    elif isinstance(block.self_attention, MultiHeadLatentAttention):
+        plan = _latent._plan(entries, block.self_attention, D, sub + "self_attn.", check)
     else:
         plan = _attention_plan(entries, spec, block.self_attention, sub + "self_attn.", check)
     ff = block.feed_forward
     if isinstance(ff, MixtureOfExperts):
         plan += _experts_plan(entries, spec, ff, sub, check)
+        plan += shared_experts_plan(entries, spec, ff, sub, check)
         return plan + _block_norms_plan(entries, spec, block, sub, check)
     sizes = f"intermediate_size={F}, hidden_size={D}"
     if F != spec.intermediate_dim:
@@ -381,12 +425,13 @@ def _check_layer_index(spec, layer_index):
                          f"{spec.num_layers}). Received: layer_index={layer_index!r}")
 
 
-def _convert_layer(module_or_state_dict, config, layer_index, make, plan_of):
+def _convert_layer(module_or_state_dict, config, layer_index, make, plan_of, prefix):
     """The layer converters' one path: read and check the config, `make(spec)` the built
-    layer, check every state-dict entry against it (`plan_of`), then assign."""
+    layer, check every state-dict entry under `prefix` against it (`plan_of`), then
+    assign."""
     spec = read_config(config)
     _check_layer_index(spec, layer_index)
-    entries = _entries(module_or_state_dict, spec)
+    entries = _entries(module_or_state_dict, spec, prefix)
     layer = make(spec)
     plan = plan_of(entries, spec, layer)
     entries.check_all_used()
@@ -395,7 +440,8 @@ def _convert_layer(module_or_state_dict, config, layer_index, make, plan_of):
 
 
 def multi_head_attention_from_transformers(module_or_state_dict: Any, config: Any,
-                                           layer_index: int = 0) -> MultiHeadAttention:
+                                           layer_index: int = 0,
+                                           prefix: str = "") -> MultiHeadAttention:
     """A `keras_attn.MultiHeadAttention` from the attention of layer `layer_index` of a transformers LM.
 
     Reads `q_proj`, `k_proj`, `v_proj`, `o_proj` (and `q_norm`, `k_norm`)
@@ -410,6 +456,8 @@ def multi_head_attention_from_transformers(module_or_state_dict: Any, config: An
             mapping from names to arrays or tensors).
         config: a transformers config of a supported family, or its dict.
         layer_index: which layer's options to use (0-based).
+        prefix: where the attention's entries start in the state dict, for a whole
+            model's (e.g. "model.layers.1.self_attn."); only keys under it are read.
 
     Returns:
         A built `keras_attn.MultiHeadAttention` for `(B, T, D)`.
@@ -425,6 +473,12 @@ def multi_head_attention_from_transformers(module_or_state_dict: Any, config: An
                 ": 'linear_attention'), not a multi-head attention: convert its block with "
                 "`transformer_decoder_layer_from_transformers`. Received: layer_index="
                 f"{layer_index}")
+        if spec.latent_attention is not None:
+            raise ValueError(
+                f"config field `kv_lora_rank` is not supported here ({spec.family!r}'s "
+                "attention is multi-head latent attention: convert it with "
+                "keras_attn.convert.multi_head_latent_attention_from_transformers). "
+                f"Received: kv_lora_rank={spec.latent_attention['kv_lora_rank']!r}")
         layer = MultiHeadAttention(
             spec.num_heads, spec.layer_head_dim(layer_index),
             num_key_value_heads=spec.layer_kv_heads(layer_index),
@@ -433,11 +487,13 @@ def multi_head_attention_from_transformers(module_or_state_dict: Any, config: An
         layer.build(query_shape=(None, None, spec.hidden_dim))
         return layer
 
-    return _convert_layer(module_or_state_dict, config, layer_index, make, _attention_plan)
+    return _convert_layer(module_or_state_dict, config, layer_index, make, _attention_plan,
+                          prefix)
 
 
 def transformer_decoder_layer_from_transformers(module_or_state_dict: Any, config: Any,
-                                                layer_index: int = 0) -> TransformerDecoderLayer:
+                                                layer_index: int = 0,
+                                                prefix: str = "") -> TransformerDecoderLayer:
     """A `keras_attn.TransformerDecoderLayer` from decoder layer `layer_index` of a transformers LM.
 
     Keys are relative to the layer (`self_attn.q_proj.weight`,
@@ -449,6 +505,8 @@ def transformer_decoder_layer_from_transformers(module_or_state_dict: Any, confi
         module_or_state_dict: the decoder layer, or its state dict.
         config: a transformers config of a supported family, or its dict.
         layer_index: which layer's options to use (0-based).
+        prefix: where the layer's entries start in the state dict, for a whole
+            model's (e.g. "model.layers.1."); only keys under it are read.
 
     Returns:
         A built decoder-only `keras_attn.TransformerDecoderLayer` for
@@ -463,7 +521,7 @@ def transformer_decoder_layer_from_transformers(module_or_state_dict: Any, confi
         block.build((None, None, spec.hidden_dim))
         return block
 
-    return _convert_layer(module_or_state_dict, config, layer_index, make, _block_plan)
+    return _convert_layer(module_or_state_dict, config, layer_index, make, _block_plan, prefix)
 
 
 def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, Any] | None = None,

@@ -1,4 +1,5 @@
-"""A mixture of gated-MLP experts behind a top-k router (Mixtral, Qwen3-MoE).
+"""A mixture of gated-MLP experts behind a top-k router (Mixtral, Qwen3-MoE, gpt-oss,
+DeepSeek V3).
 
 Shazeer et al. 2017, "Outrageously Large Neural Networks: The Sparsely-Gated
 Mixture-of-Experts Layer"; the load-balancing loss of Fedus et al. 2021,
@@ -12,7 +13,7 @@ from keras import ops
 
 from keras_attn._observe import record_path
 from keras_attn._typing import Initializer
-from keras_attn._validation import check_positive_int
+from keras_attn._validation import check_positive_float, check_positive_int
 from keras_attn.layers._common import clone_initializer
 
 __all__ = ["MixtureOfExperts"]
@@ -45,10 +46,89 @@ def softmax_topk(logits, num_experts_per_tok, norm_topk_prob):
     return weights, ops.cast(indices, "int32"), probs
 
 
+def sigmoid_group_topk(logits, num_experts_per_tok, norm_topk_prob, correction_bias,
+                       n_group, topk_group, routed_scaling_factor):
+    """DeepSeek V3 routing (transformers' `DeepseekV3TopkRouter`): sigmoid scores, a
+    selection-only bias, group-limited top-k.
+
+    `s = sigmoid(logits)`; the choice reads `c = s + correction_bias`: the E experts in
+    `n_group` groups of E / n_group, each group scored by the sum of its two largest `c`,
+    the `topk_group` best groups kept, the k largest `c` among their experts chosen. The
+    weights are the chosen experts' unbiased `s`, divided by their sum (plus 1e-20) when
+    `norm_topk_prob`, times `routed_scaling_factor`.
+
+    Args:
+        logits: `(N, E)` float32 router logits.
+        num_experts_per_tok: k.
+        norm_topk_prob: renormalise the k kept scores.
+        correction_bias: `(E,)` float32, added for the choice only.
+        n_group: the number of expert groups (divides E).
+        topk_group: the groups kept per token.
+        routed_scaling_factor: the weights' multiplier.
+
+    Returns:
+        `(weights, indices, scores)`: `(N, k)` float32, `(N, k)` int32, `(N, E)` the
+        sigmoid scores.
+    """
+    scores = ops.sigmoid(logits)
+    choice = scores + ops.cast(correction_bias, scores.dtype)[None, :]
+    num_experts = ops.shape(logits)[-1]
+    per_group = num_experts // n_group
+    grouped = ops.reshape(choice, (-1, n_group, per_group))
+    group_scores = ops.sum(ops.top_k(grouped, 2)[0], axis=-1)  # (N, G)
+    _, groups = ops.top_k(group_scores, topk_group)
+    kept = ops.sum(ops.one_hot(groups, n_group, dtype="float32"), axis=1)  # (N, G) 0 / 1
+    kept = ops.reshape(ops.repeat(kept[..., None], per_group, axis=-1), (-1, num_experts))
+    choice = ops.where(kept > 0, choice, ops.full_like(choice, float("-inf")))
+    _, indices = ops.top_k(choice, num_experts_per_tok)
+    indices = ops.cast(indices, "int32")
+    weights = ops.take_along_axis(scores, indices, axis=-1)
+    if norm_topk_prob:
+        weights = weights / (ops.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return weights * routed_scaling_factor, indices, scores
+
+
 # A routing rule is named here: `rule(logits, k, norm_topk_prob) -> (weights, indices,
-# probs)`. Later rules (gpt-oss's softmax over the top-k logits, DeepSeek V3's sigmoid
-# with a selection-only bias and groups, Llama 4's sigmoid top-1) are new entries.
-ROUTING = {"softmax_topk": softmax_topk}
+# probs)` (gpt-oss's "topk_softmax" is registered below it). A later rule (Llama 4's
+# sigmoid top-1) is a new entry.
+# "sigmoid_group_topk" also reads the layer's `router_correction_bias`, `n_group`,
+# `topk_group` and `routed_scaling_factor` (`MixtureOfExperts._routing_arguments`).
+ROUTING = {"softmax_topk": softmax_topk, "sigmoid_group_topk": sigmoid_group_topk}
+# The rules that take the layer's group arguments after (logits, k, norm_topk_prob).
+GROUPED_ROUTING = ("sigmoid_group_topk",)
+
+
+def topk_softmax(logits, num_experts_per_tok, norm_topk_prob):
+    """gpt-oss routing (transformers' `GptOssTopKRouter`): the top-k of the logits, then a
+    softmax over those k only.
+
+    The weights equal `softmax_topk`'s renormalised ones (`exp(l_i) / sum_{j in top-k}
+    exp(l_j)` either way); they are computed as gpt-oss does. `norm_topk_prob` changes
+    nothing (the k weights already sum to 1).
+
+    Returns:
+        `(weights, indices, probs)` as `softmax_topk`; `probs` the softmax over all E
+        logits (what transformers' `load_balancing_loss_func` reads of any router).
+    """
+    del norm_topk_prob  # the weights sum to 1 already
+    top, indices = ops.top_k(logits, num_experts_per_tok)
+    return ops.softmax(top, axis=-1), ops.cast(indices, "int32"), ops.softmax(logits, axis=-1)
+
+
+ROUTING["topk_softmax"] = topk_softmax
+
+# What each expert computes of its gate `g = x W_gate (+ b_gate)` and up `u = x W_up
+# (+ b_up)` projections before W_down: "gated", `activation(g) * u` (SwiGLU with "silu");
+# "gpt_oss_swiglu", gpt-oss's clamped SwiGLU (transformers' `GptOssExperts._apply_gate`).
+EXPERT_ACTIVATIONS = ("gated", "gpt_oss_swiglu")
+
+
+def gpt_oss_swiglu(gate, up, alpha, limit):
+    """gpt-oss's clamped SwiGLU: `g = min(g, limit)`, `u = clip(u, -limit, limit)`,
+    `(u + 1) * g * sigmoid(alpha * g)`."""
+    gate = ops.minimum(gate, limit)
+    up = ops.clip(up, -limit, limit)
+    return (up + 1.0) * gate * ops.sigmoid(alpha * gate)
 
 
 def load_balancing_loss(probs, indices, num_experts):
@@ -74,6 +154,30 @@ class MixtureOfExperts(keras.layers.Layer):
     `norm_topk_prob` field): a Mixtral layer is `norm_topk_prob=True`. The router's
     softmax runs in float32 whatever the compute dtype, as transformers does.
 
+    With `routing="sigmoid_group_topk"` (DeepSeek V3, transformers'
+    `DeepseekV3TopkRouter`): scores `s = sigmoid(x W_router)`; the choice reads
+    `s + router_correction_bias` (a non-trainable `(E,)` weight, DeepSeek's
+    `e_score_correction_bias`, for the choice only: the weights never see it): the E
+    experts in `n_group` groups, each group scored by the sum of its two best, the
+    `topk_group` best groups kept and the k best of their experts chosen; the weights
+    are those experts' `s`, divided by their sum when `norm_topk_prob`, times
+    `routed_scaling_factor`. In float32 too.
+
+    Routing rules (`routing`): the scores; what chooses the k experts; their weights
+    (`norm`: renormalised when `norm_topk_prob`; G `n_group`, g `topk_group`,
+    factor `routed_scaling_factor`).
+
+    | rule                   | scores  | choice                                | weights                 |
+    |------------------------|---------|---------------------------------------|-------------------------|
+    | `"softmax_topk"`       | softmax | top-k scores                          | norm(scores)            |
+    | `"sigmoid_group_topk"` | sigmoid | top-k scores + bias in best g of G groups | norm(scores) x factor |
+
+    Shared expert (`shared_intermediate_dim` S: DeepSeek V3's `n_shared_experts *
+    moe_intermediate_size`, Qwen3-Next's `shared_expert_intermediate_size`): a dense
+    gated MLP every token runs, summed with the routed output,
+    `y += W_sd (act(W_sg x) * W_su x)`; with `shared_expert_gate` (Qwen3-Next) it is
+    first multiplied by the per-token scalar `sigmoid(x W_gate_s)`.
+
     No token is dropped: every token runs through its k experts whatever the load
     (no capacity factor), as Mixtral and Qwen3-MoE do.
 
@@ -91,33 +195,70 @@ class MixtureOfExperts(keras.layers.Layer):
           measured). The path taken is recorded for `keras_attn.observe_paths()` as
           "moe_dense" or "moe_sparse".
 
+    `routing="topk_softmax"` is gpt-oss's router (`GptOssTopKRouter`): the k largest
+    logits `x W_router + b_router`, softmax over those k only (the same weights as
+    "softmax_topk" with `norm_topk_prob=True`, computed as gpt-oss does).
+
+    gpt-oss's experts (`GptOssExperts`): `use_router_bias` and `use_expert_bias` add a
+    bias to the router's logits and to each expert's three projections, and
+    `expert_activation="gpt_oss_swiglu"` replaces `activation(g) * u` by the clamped
+    SwiGLU `(clip(u, -limit, limit) + 1) * g' * sigmoid(alpha * g')`, `g' = min(g, limit)`
+    (`swiglu_alpha`, `swiglu_limit`), on both paths. The output bias is weighted with
+    its expert's output: `w_e (W_down_e h + b_down_e)`.
+
     Weights (a contract): `router_kernel` `(D, E)`; the experts' kernels stacked on a
     leading expert axis, named after `PositionwiseFeedForward(gated=True)`'s sublayers:
     `gate_kernel` `(E, D, F)` (W_gate, with the activation), `intermediate_kernel`
-    `(E, D, F)` (W_up) and `output_kernel` `(E, F, D)` (W_down). No biases.
-    transformers' fused `experts.gate_up_proj` `(E, 2F, D)` is `[gate; up]` transposed.
-
-    Hook: a shared expert (Qwen3-Next, DeepSeek V3, Llama 4: a dense MLP every token
-    runs, plain or sigmoid-gated) is a later addition, summed in `call` where marked.
+    `(E, D, F)` (W_up) and `output_kernel` `(E, F, D)` (W_down). No biases by default;
+    `router_bias` `(E,)` with `use_router_bias`, `gate_bias`, `intermediate_bias`
+    `(E, F)` and `output_bias` `(E, D)` with `use_expert_bias`.
+    transformers' fused `experts.gate_up_proj` `(E, 2F, D)` is `[gate; up]` transposed
+    (gpt-oss's `(E, D, 2F)` interleaves them: gate the even columns, up the odd ones).
+    With a shared expert: `shared_gate_kernel` `(D, S)`, `shared_intermediate_kernel`
+    `(D, S)`, `shared_output_kernel` `(S, D)` (transformers' `shared_experts.gate_proj`,
+    `up_proj`, `down_proj` transposed) and, gated, `shared_expert_gate_kernel` `(D, 1)`.
+    With `"sigmoid_group_topk"`: `router_correction_bias` `(E,)` (float32, not trainable).
 
     Shapes: B batch, T length, D width, E `num_experts`, k `num_experts_per_tok`,
-    F `intermediate_dim`, N = B*T tokens.
+    F `intermediate_dim`, S `shared_intermediate_dim`, N = B*T tokens.
 
     Args:
         num_experts: E.
         num_experts_per_tok: k, the experts each token runs through (1 <= k <= E).
         intermediate_dim: F, the hidden width of each expert.
-        activation: the gate's activation ("silu": SwiGLU experts).
+        activation: the gate's activation ("silu": SwiGLU experts); unused with
+            `expert_activation="gpt_oss_swiglu"`.
         norm_topk_prob: renormalise the k kept probabilities to sum to 1.
         router_aux_loss_coef: the weight of the load-balancing loss, added through
             `add_loss` when called with `training=True` (0, the default: none). Per
             layer: `coef * E * sum_e f_e P_e` over this call's B*T tokens (padding
             included: the feed-forward sees no mask). transformers computes one loss
             from all layers' logits concatenated, which for L layers is not the sum of
-            the L per-layer losses.
-        routing: the routing rule's name; "softmax_topk" is the only one yet.
+            the L per-layer losses. Not with `"sigmoid_group_topk"` (DeepSeek V3
+            balances through its correction bias): a `ValueError`.
+        routing: the routing rule's name: "softmax_topk" (softmax over all E, then the
+            top k), "topk_softmax" (the top k logits, then a softmax over them: gpt-oss)
+            or "sigmoid_group_topk" (DeepSeek V3; above).
         implementation: "auto", "dense" or "sparse" (above).
         kernel_initializer: initializer of every kernel.
+        use_router_bias: add a bias `router_bias` `(E,)` to the router's logits (gpt-oss).
+        use_expert_bias: add biases to every expert's gate, up and down projections
+            (`gate_bias`, `intermediate_bias` `(E, F)`, `output_bias` `(E, D)`; gpt-oss).
+            Biases start at zero.
+        expert_activation: "gated" (`activation(gate) * up`) or "gpt_oss_swiglu" (the
+            clamped SwiGLU above).
+        swiglu_alpha: alpha of "gpt_oss_swiglu" (gpt-oss: 1.702).
+        swiglu_limit: the clamp of "gpt_oss_swiglu" (gpt-oss: 7.0).
+        shared_intermediate_dim: S, the shared expert's hidden width, or 0 / None (the
+            default) for no shared expert.
+        shared_expert_gate: multiply the shared expert's output by
+            `sigmoid(x W_gate_s)` (Qwen3-Next's `shared_expert_gate`); needs S.
+        n_group: the expert groups of `"sigmoid_group_topk"` (it divides E into groups of
+            at least 2); 1 with the other rules.
+        topk_group: the groups kept per token (at most `n_group`, and their experts at
+            least k); 1 with the other rules.
+        routed_scaling_factor: the routing weights' multiplier (> 0) of
+            `"sigmoid_group_topk"`; 1.0 with the other rules.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -133,6 +274,22 @@ class MixtureOfExperts(keras.layers.Layer):
     >>> moe = MixtureOfExperts(num_experts=4, num_experts_per_tok=2, intermediate_dim=32)
     >>> tuple(moe(np.zeros((2, 5, 16), "float32")).shape)
     (2, 5, 16)
+    >>> gpt_oss = MixtureOfExperts(num_experts=4, num_experts_per_tok=2, intermediate_dim=32,
+    ...                            routing="topk_softmax", use_router_bias=True,
+    ...                            use_expert_bias=True, expert_activation="gpt_oss_swiglu")
+    >>> tuple(gpt_oss(np.ones((2, 5, 16), "float32")).shape)
+    (2, 5, 16)
+
+    DeepSeek V3's routing and shared expert: 8 experts in 4 groups, 2 groups kept.
+
+    >>> deepseek = MixtureOfExperts(num_experts=8, num_experts_per_tok=2, intermediate_dim=8,
+    ...                             norm_topk_prob=True, routing="sigmoid_group_topk",
+    ...                             n_group=4, topk_group=2, routed_scaling_factor=2.5,
+    ...                             shared_intermediate_dim=16)
+    >>> tuple(deepseek(np.ones((2, 5, 16), "float32")).shape)
+    (2, 5, 16)
+    >>> tuple(deepseek.router_correction_bias.shape), deepseek.router_correction_bias.trainable
+    ((8,), False)
     """
 
     def __init__(
@@ -146,6 +303,16 @@ class MixtureOfExperts(keras.layers.Layer):
         routing: str = "softmax_topk",
         implementation: str = "auto",
         kernel_initializer: Initializer = "glorot_uniform",
+        use_router_bias: bool = False,
+        use_expert_bias: bool = False,
+        expert_activation: str = "gated",
+        swiglu_alpha: float = 1.702,
+        swiglu_limit: float = 7.0,
+        shared_intermediate_dim: int | None = None,
+        shared_expert_gate: bool = False,
+        n_group: int = 1,
+        topk_group: int = 1,
+        routed_scaling_factor: float = 1.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -172,7 +339,77 @@ class MixtureOfExperts(keras.layers.Layer):
                              f"Received: implementation={implementation!r}")
         self.implementation = implementation
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self._init_gpt_oss_options(use_router_bias, use_expert_bias, expert_activation,
+                                   swiglu_alpha, swiglu_limit)
+        self._init_shared_expert(shared_intermediate_dim, shared_expert_gate)
+        self._init_group_routing(n_group, topk_group, routed_scaling_factor)
         self.supports_masking = True  # per token: a Keras mask passes through
+
+    def _init_gpt_oss_options(self, use_router_bias, use_expert_bias, expert_activation,
+                              swiglu_alpha, swiglu_limit):
+        """The router's and experts' biases and the expert activation (gpt-oss)."""
+        for name, value in (("use_router_bias", use_router_bias),
+                            ("use_expert_bias", use_expert_bias)):
+            if not isinstance(value, bool):
+                raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
+        self.use_router_bias = use_router_bias
+        self.use_expert_bias = use_expert_bias
+        if expert_activation not in EXPERT_ACTIVATIONS:
+            raise ValueError(f"`expert_activation` must be one of {EXPERT_ACTIVATIONS}. "
+                             f"Received: expert_activation={expert_activation!r}")
+        self.expert_activation = expert_activation
+        self.swiglu_alpha = check_positive_float("swiglu_alpha", swiglu_alpha)
+        self.swiglu_limit = check_positive_float("swiglu_limit", swiglu_limit)
+
+    def _init_shared_expert(self, shared_intermediate_dim, shared_expert_gate):
+        """The shared expert's width (0 / None: none) and its sigmoid gate."""
+        self.shared_intermediate_dim = check_positive_int(
+            "shared_intermediate_dim", shared_intermediate_dim or None, allow_none=True)
+        if not isinstance(shared_expert_gate, bool):
+            raise ValueError("`shared_expert_gate` must be a bool. "
+                             f"Received: shared_expert_gate={shared_expert_gate!r}")
+        if shared_expert_gate and not self.shared_intermediate_dim:
+            raise ValueError("`shared_expert_gate=True` gates the shared expert, which needs "
+                             "`shared_intermediate_dim`. Received: shared_expert_gate=True, "
+                             f"shared_intermediate_dim={shared_intermediate_dim!r}")
+        self.shared_expert_gate = shared_expert_gate
+
+    def _init_group_routing(self, n_group, topk_group, routed_scaling_factor):
+        """DeepSeek V3's routing arguments: checked, and neutral under the other rules."""
+        self.n_group = check_positive_int("n_group", n_group)
+        self.topk_group = check_positive_int("topk_group", topk_group)
+        if isinstance(routed_scaling_factor, bool) or not isinstance(
+                routed_scaling_factor, (int, float)) or not routed_scaling_factor > 0:
+            raise ValueError("`routed_scaling_factor` must be a number > 0. "
+                             f"Received: routed_scaling_factor={routed_scaling_factor!r}")
+        self.routed_scaling_factor = float(routed_scaling_factor)
+        if self.routing not in GROUPED_ROUTING:
+            for name, neutral in (("n_group", 1), ("topk_group", 1),
+                                  ("routed_scaling_factor", 1.0)):
+                if getattr(self, name) != neutral:
+                    raise ValueError(
+                        f"`{name}` is read by routing {GROUPED_ROUTING[0]!r} only; routing "
+                        f"{self.routing!r} needs it at {neutral!r}. Received: "
+                        f"{name}={getattr(self, name)!r}")
+            return
+        E = self.num_experts
+        if E % self.n_group or E // self.n_group < 2:
+            raise ValueError(
+                f"`n_group` must divide num_experts={E} into groups of at least 2 experts "
+                f"(each group is scored by its top 2). Received: n_group={n_group!r}")
+        if self.topk_group > self.n_group:
+            raise ValueError(f"`topk_group` must be at most n_group={self.n_group}. "
+                             f"Received: topk_group={topk_group!r}")
+        if self.num_experts_per_tok > self.topk_group * (E // self.n_group):
+            raise ValueError(
+                f"`num_experts_per_tok` must be at most the experts of the kept groups "
+                f"(topk_group * num_experts / n_group = {self.topk_group * (E // self.n_group)})"
+                f". Received: num_experts_per_tok={self.num_experts_per_tok!r}")
+        if self.router_aux_loss_coef:
+            raise ValueError(
+                "`router_aux_loss_coef` is the softmax routers' load-balancing loss; routing "
+                f"{self.routing!r} (DeepSeek V3) balances with its correction bias instead. "
+                f"Received: router_aux_loss_coef={self.router_aux_loss_coef!r}")
 
     def _kernel(self, shape, name):
         return self.add_weight(shape=shape, name=name,
@@ -184,12 +421,76 @@ class MixtureOfExperts(keras.layers.Layer):
         self.gate_kernel = self._kernel((E, D, F), "gate_kernel")
         self.intermediate_kernel = self._kernel((E, D, F), "intermediate_kernel")
         self.output_kernel = self._kernel((E, F, D), "output_kernel")
+        self._build_biases(D, E, F)
+        self._build_shared_expert(D)
+        if self.routing in GROUPED_ROUTING:  # used for the choice only: no gradient reaches it
+            self.router_correction_bias = self.add_weight(
+                shape=(E,), name="router_correction_bias", initializer="zeros",
+                trainable=False, dtype="float32")
         self.built = True
 
+    def _build_biases(self, D, E, F):
+        if self.use_router_bias:
+            self.router_bias = self.add_weight(shape=(E,), name="router_bias",
+                                               initializer="zeros")
+        if self.use_expert_bias:
+            for name, width in (("gate_bias", F), ("intermediate_bias", F),
+                                ("output_bias", D)):
+                setattr(self, name, self.add_weight(shape=(E, width), name=name,
+                                                    initializer="zeros"))
+
+    def _hidden(self, gate, up):
+        """An expert's hidden activations from its gate and up projections."""
+        if self.expert_activation == "gpt_oss_swiglu":
+            return gpt_oss_swiglu(gate, up, self.swiglu_alpha, self.swiglu_limit)
+        return self.activation(gate) * up
+
+    def _bias(self, name, experts=None):
+        """Expert bias `name` broadcast over the rows of each expert's `(E or blocks, rows,
+        width)` activations (`experts`: the block's expert of the sparse path), or 0."""
+        if not self.use_expert_bias:
+            return 0.0
+        bias = getattr(self, name)
+        if experts is not None:
+            bias = ops.take(bias, experts, axis=0)
+        return bias[:, None, :]
+
+    def _build_shared_expert(self, D):
+        S = self.shared_intermediate_dim
+        if not S:
+            return
+        self.shared_gate_kernel = self._kernel((D, S), "shared_gate_kernel")
+        self.shared_intermediate_kernel = self._kernel((D, S), "shared_intermediate_kernel")
+        self.shared_output_kernel = self._kernel((S, D), "shared_output_kernel")
+        if self.shared_expert_gate:
+            self.shared_expert_gate_kernel = self._kernel((D, 1), "shared_expert_gate_kernel")
+
+    def _shared_expert(self, tokens):
+        """The shared expert's `(N, D)` output: `W_down (act(W_gate x) * W_up x)`, times
+        `sigmoid(x W_sg)` with `shared_expert_gate`."""
+        hidden = self.activation(ops.matmul(tokens, self.shared_gate_kernel)) * ops.matmul(
+            tokens, self.shared_intermediate_kernel)
+        out = ops.matmul(hidden, self.shared_output_kernel)
+        if self.shared_expert_gate:
+            out = ops.sigmoid(ops.matmul(tokens, self.shared_expert_gate_kernel)) * out
+        return out
+
+    def _routing_arguments(self):
+        """The arguments a rule takes after `(logits, k, norm_topk_prob)`."""
+        if self.routing not in GROUPED_ROUTING:
+            return ()
+        return (self.router_correction_bias, self.n_group, self.topk_group,
+                self.routed_scaling_factor)
+
     def route(self, tokens):
-        """`(weights, indices, probs)` for `(N, D)` tokens (see `softmax_topk`)."""
-        logits = ops.cast(ops.matmul(tokens, self.router_kernel), "float32")
-        return ROUTING[self.routing](logits, self.num_experts_per_tok, self.norm_topk_prob)
+        """`(weights, indices, probs)` for `(N, D)` tokens (see `softmax_topk`,
+        `sigmoid_group_topk`: its `probs` are the sigmoid scores)."""
+        logits = ops.matmul(tokens, self.router_kernel)
+        if self.use_router_bias:
+            logits = logits + self.router_bias
+        logits = ops.cast(logits, "float32")
+        return ROUTING[self.routing](logits, self.num_experts_per_tok, self.norm_topk_prob,
+                                     *self._routing_arguments())
 
     def _chosen_path(self):
         if self.implementation != "auto":
@@ -206,7 +507,8 @@ class MixtureOfExperts(keras.layers.Layer):
             out = self._dense_experts(tokens, weights, indices)
         else:
             out = self._sparse_experts(tokens, weights, indices)
-        # Hook: a shared expert's output is added to `out` here (a later addition).
+        if self.shared_intermediate_dim:  # every token through the shared expert too
+            out = out + self._shared_expert(tokens)
         if training and self.router_aux_loss_coef:
             self.add_loss(self.router_aux_loss_coef
                           * load_balancing_loss(probs, indices, self.num_experts))
@@ -216,9 +518,11 @@ class MixtureOfExperts(keras.layers.Layer):
         # (N, E) routing weights: w_j at the chosen experts, 0 elsewhere.
         combine = ops.sum(ops.one_hot(indices, self.num_experts, dtype=self.compute_dtype)
                           * weights[..., None], axis=1)
-        gate = self.activation(ops.einsum("nd,edf->enf", tokens, self.gate_kernel))
-        hidden = gate * ops.einsum("nd,edf->enf", tokens, self.intermediate_kernel)
-        expert_out = ops.einsum("enf,efd->end", hidden, self.output_kernel)  # (E, N, D)
+        gate = ops.einsum("nd,edf->enf", tokens, self.gate_kernel) + self._bias("gate_bias")
+        up = (ops.einsum("nd,edf->enf", tokens, self.intermediate_kernel)
+              + self._bias("intermediate_bias"))
+        expert_out = (ops.einsum("enf,efd->end", self._hidden(gate, up), self.output_kernel)
+                      + self._bias("output_bias"))  # (E, N, D)
         return ops.einsum("ne,end->nd", combine, expert_out)
 
     def _sparse_experts(self, tokens, weights, indices):
@@ -239,24 +543,31 @@ class MixtureOfExperts(keras.layers.Layer):
         sorted_experts = ops.take(experts, order)
         rank = ops.arange(A, dtype="int32") - ops.take(start, sorted_experts)
         slot_sorted = ops.take(padded_start, sorted_experts) + rank
-        # slot[a]: where copy a sits in the buffer (the inverse of the sort).
-        slot = ops.scatter(order[:, None], slot_sorted, (A,))
+        # slot[a]: where copy a sits in the buffer (the inverse of the sort). Not
+        # `ops.scatter`, which on PyTorch loops in Python over the rows, reading each index
+        # (no traced decoding step: `keras_attn._device.traced_step`).
+        slot = ops.take(slot_sorted, ops.cast(ops.argsort(order), "int32"))
         # Blocks: A // rows + E bounds the padded total (each expert pads < rows).
         blocks = A // rows + E
         capacity = blocks * rows
         width = tokens.shape[-1]
         # Sorted copy i is token order[i] // k (indices are (N, k) flattened).
-        buffer = ops.scatter(slot_sorted[:, None], ops.take(tokens, order // k, axis=0),
-                             (capacity, width))
+        buffer = ops.scatter_update(  # each slot written once: an update, not a sum
+            ops.zeros((capacity, width), tokens.dtype), slot_sorted[:, None],
+            ops.take(tokens, order // k, axis=0))
         starts = ops.arange(blocks, dtype="int32") * rows
         # A block's expert: the number of padded ranges that end at or before its start
         # (blocks past every range are zeros; any expert will do, clipped to E - 1).
         block_expert = ops.minimum(
             ops.sum(ops.cast(padded_end[None, :] <= starts[:, None], "int32"), axis=1), E - 1)
         x = ops.reshape(buffer, (blocks, rows, -1))
-        gate = self.activation(ops.matmul(x, ops.take(self.gate_kernel, block_expert, axis=0)))
-        hidden = gate * ops.matmul(x, ops.take(self.intermediate_kernel, block_expert, axis=0))
-        y = ops.matmul(hidden, ops.take(self.output_kernel, block_expert, axis=0))
+        gate = (ops.matmul(x, ops.take(self.gate_kernel, block_expert, axis=0))
+                + self._bias("gate_bias", block_expert))
+        up = (ops.matmul(x, ops.take(self.intermediate_kernel, block_expert, axis=0))
+              + self._bias("intermediate_bias", block_expert))
+        # Padding rows get the biases too; no copy's slot points at them.
+        y = (ops.matmul(self._hidden(gate, up), ops.take(self.output_kernel, block_expert, axis=0))
+             + self._bias("output_bias", block_expert))
         y = ops.take(ops.reshape(y, (capacity, -1)), slot, axis=0)  # (A, D), copy order
         y = ops.reshape(y, (-1, k, width)) * weights[..., None]
         return ops.sum(y, axis=1)
@@ -276,5 +587,15 @@ class MixtureOfExperts(keras.layers.Layer):
             "routing": self.routing,
             "implementation": self.implementation,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "use_router_bias": self.use_router_bias,
+            "use_expert_bias": self.use_expert_bias,
+            "expert_activation": self.expert_activation,
+            "swiglu_alpha": self.swiglu_alpha,
+            "swiglu_limit": self.swiglu_limit,
+            "shared_intermediate_dim": self.shared_intermediate_dim,
+            "shared_expert_gate": self.shared_expert_gate,
+            "n_group": self.n_group,
+            "topk_group": self.topk_group,
+            "routed_scaling_factor": self.routed_scaling_factor,
         })
         return config

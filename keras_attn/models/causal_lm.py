@@ -23,8 +23,14 @@ from keras_attn.models._generate_loop import (
 __all__ = ["CausalLM"]
 
 
-def _check_token_ids(name, token_ids):
-    """`token_ids` as an int tensor `(B, T)`; a `ValueError` naming `name` otherwise."""
+def _check_token_ids(name, token_ids, vocabulary_size=None):
+    """`token_ids` as an int tensor `(B, T)`; a `ValueError` naming `name` otherwise.
+
+    With `vocabulary_size` V, ids whose values are known now (eager, or a concrete
+    array; not traced) must lie in `[0, V)`: an embedding gather outside the table reads
+    row V - 1 for id -1 on every backend, and for id V errors, clamps or gives NaN
+    depending on the backend, so a pad id of -1 would silently decode something else.
+    """
     if not (hasattr(token_ids, "shape") and hasattr(token_ids, "dtype")):
         token_ids = ops.convert_to_tensor(token_ids)
     dtype = keras.backend.standardize_dtype(token_ids.dtype)
@@ -33,6 +39,16 @@ def _check_token_ids(name, token_ids):
         raise ValueError(
             f"`{name}` must be integer token ids of shape (B, T). Received: "
             f"{name}.shape={shape}, {name}.dtype={dtype}")
+    if vocabulary_size is not None and 0 not in shape:
+        values = concrete_value(token_ids)
+        if values is not None:
+            low, high = int(values.min()), int(values.max())
+            if low < 0 or high >= vocabulary_size:
+                bad = low if low < 0 else high
+                raise ValueError(
+                    f"`{name}` must hold token ids in [0, vocabulary_size) = "
+                    f"[0, {vocabulary_size}). Received: an id of {bad} in {name} "
+                    f"(min {low}, max {high})")
     return token_ids
 
 
@@ -393,7 +409,7 @@ class CausalLM(keras.Model):
         return logits
 
     def call(self, token_ids):
-        token_ids = _check_token_ids("token_ids", token_ids)
+        token_ids = _check_token_ids("token_ids", token_ids, self.vocabulary_size)
         x = self._embed(token_ids)
         x, _ = self._blocks(x, self._per_layer_inputs(token_ids, x))
         return self._logits(x)
@@ -467,7 +483,7 @@ class CausalLM(keras.Model):
         Returns:
             int32 `(B, L)`: the prompt, then the generated tokens.
         """
-        prompt_ids = _check_token_ids("prompt_ids", prompt_ids)
+        prompt_ids = _check_token_ids("prompt_ids", prompt_ids, self.vocabulary_size)
         batch, prompt_length = tuple(prompt_ids.shape)
         max_length = check_positive_int("max_length", max_length)
         if prompt_length is not None and max_length <= prompt_length:

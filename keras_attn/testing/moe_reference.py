@@ -1,13 +1,16 @@
-"""The float64 NumPy reference of a softmax-top-k mixture of experts and its aux loss.
+"""The float64 NumPy reference of a mixture of experts and its aux loss.
 
 Written from the Mixtral / Qwen3-MoE definitions (transformers'
-`MixtralSparseMoeBlock`, `Qwen3MoeSparseMoeBlock`, `load_balancing_loss_func`),
+`MixtralSparseMoeBlock`, `Qwen3MoeSparseMoeBlock`, `load_balancing_loss_func`), DeepSeek
+V3's (`DeepseekV3TopkRouter`, `DeepseekV3MoE`: sigmoid scores, a selection-only bias,
+group-limited top-k, a shared expert) and Qwen3-Next's sigmoid-gated shared expert,
 token by token, expert by expert; it imports nothing from the layer it checks.
 """
 
 import numpy as np
 
-__all__ = ["load_balancing_loss", "mixture_of_experts", "route", "top_k_margin"]
+__all__ = ["group_route", "group_route_margins", "load_balancing_loss",
+           "mixture_of_experts", "route", "top_k_margin"]
 
 
 def _silu(x):
@@ -26,19 +29,86 @@ def route(x, router, k, norm_topk_prob):
     return weights, experts, probs
 
 
-def mixture_of_experts(x, params, k, norm_topk_prob, activation=_silu):
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _group_choice(choice, k, n_group, topk_group):
+    """One token's k experts: the `topk_group` groups with the largest sum of their two
+    best `choice` values, then the k best experts inside them (as sets, sorted)."""
+    groups = np.asarray(choice).reshape(n_group, -1)
+    per = groups.shape[1]
+    group_scores = np.sort(groups, axis=-1)[:, -2:].sum(-1)
+    kept = np.argsort(-group_scores, kind="stable")[:topk_group]
+    candidates = [g * per + j for g in sorted(kept) for j in range(per)]
+    best = sorted(candidates, key=lambda e: -choice[e])[:k]
+    return np.array(sorted(best))
+
+
+def group_route(x, router, k, norm_topk_prob, bias, n_group, topk_group, scaling):
+    """DeepSeek V3's routing: `(weights (N, k), experts (N, k), scores (N, E))`."""
+    logits = np.asarray(x, np.float64) @ np.asarray(router, np.float64)
+    scores = _sigmoid(logits)
+    experts = np.stack([_group_choice(s + np.asarray(bias, np.float64), k, n_group,
+                                      topk_group) for s in scores])
+    weights = np.take_along_axis(scores, experts, -1)
+    if norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
+    return weights * scaling, experts, scores
+
+
+def group_route_margins(x, router, k, bias, n_group, topk_group):
+    """`(group margin, expert margin)`, the smallest over tokens: the gap between the
+    `topk_group`-th and next group score, and between the k-th and (k+1)-th biased score
+    inside the kept groups. Both large: the choice is stable under float32 rounding and
+    finite differences."""
+    tokens = np.asarray(x, np.float64).reshape(-1, np.shape(router)[0])
+    choice = _sigmoid(tokens @ np.asarray(router, np.float64)) + np.asarray(bias, np.float64)
+    group_margin = expert_margin = np.inf
+    for c in choice:
+        groups = c.reshape(n_group, -1)
+        scores = np.sort(np.sort(groups, axis=-1)[:, -2:].sum(-1))[::-1]
+        if topk_group < n_group:
+            group_margin = min(group_margin, scores[topk_group - 1] - scores[topk_group])
+        kept = np.argsort(-np.sort(groups, axis=-1)[:, -2:].sum(-1), kind="stable")[:topk_group]
+        inside = np.sort(groups[kept].reshape(-1))[::-1]
+        if k < inside.size:
+            expert_margin = min(expert_margin, inside[k - 1] - inside[k])
+    return float(group_margin), float(expert_margin)
+
+
+def _mlp(token, gate, up, down, activation):
+    return (activation(token @ gate) * (token @ up)) @ down
+
+
+def mixture_of_experts(x, params, k, norm_topk_prob, activation=_silu, grouping=None):
     """The output `(..., D)` for `x` `(..., D)`.
 
-    `params`: `router` `(D, E)`, `gate` `(E, D, F)`, `up` `(E, D, F)`, `down` `(E, F, D)`.
+    `params`: `router` `(D, E)`, `gate` `(E, D, F)`, `up` `(E, D, F)`, `down` `(E, F, D)`;
+    a shared expert with `shared_gate` `(D, S)`, `shared_up` `(D, S)`, `shared_down`
+    `(S, D)` (and `shared_expert_gate` `(D, 1)`: Qwen3-Next's sigmoid gate).
+    `grouping`: None (softmax top-k), or DeepSeek V3's routing as a dict `bias` `(E,)`,
+    `n_group`, `topk_group`, `scaling`.
     """
     x = np.asarray(x, np.float64)
     tokens = x.reshape(-1, x.shape[-1])
-    weights, experts, _ = route(tokens, params["router"], k, norm_topk_prob)
+    if grouping is None:
+        weights, experts, _ = route(tokens, params["router"], k, norm_topk_prob)
+    else:
+        weights, experts, _ = group_route(tokens, params["router"], k, norm_topk_prob,
+                                          grouping["bias"], grouping["n_group"],
+                                          grouping["topk_group"], grouping["scaling"])
     out = np.zeros_like(tokens)
     for n, token in enumerate(tokens):
         for w, e in zip(weights[n], experts[n], strict=True):
-            hidden = activation(token @ params["gate"][e]) * (token @ params["up"][e])
-            out[n] += w * (hidden @ params["down"][e])
+            out[n] += w * _mlp(token, params["gate"][e], params["up"][e], params["down"][e],
+                               activation)
+        if "shared_gate" in params:
+            shared = _mlp(token, params["shared_gate"], params["shared_up"],
+                          params["shared_down"], activation)
+            if "shared_expert_gate" in params:
+                shared = _sigmoid(token @ params["shared_expert_gate"]) * shared
+            out[n] += shared
     return out.reshape(x.shape)
 
 

@@ -118,21 +118,27 @@ def test_matches_transformers_gpt_oss_attention():
             assert windowless > 100 * TOLERANCE
 
 
-def test_blocks_and_model_refuse_the_mixture_of_experts():
+def test_blocks_convert_with_the_mixture_of_experts():
+    """Issue 34: the block converter builds each block's mixture of experts as gpt-oss's
+    (the whole model is checked against transformers in tests/convert/test_families.py)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from keras_attn.convert import (
-        causal_lm_from_transformers,
-        transformer_decoder_layer_from_transformers,
-    )
+    from keras_attn import MixtureOfExperts
+    from keras_attn.convert import transformer_decoder_layer_from_transformers
 
     model = build_hf()
-    match = (r"config field `num_local_experts` is not supported \(.*mixture of experts.*"
-             r"issue 34.*Received: num_local_experts=4")
-    with pytest.raises(ValueError, match=match):
-        causal_lm_from_transformers(model)
-    with pytest.raises(ValueError, match=match):
-        transformer_decoder_layer_from_transformers(model.model.layers[0], model.config, 0)
+    block = transformer_decoder_layer_from_transformers(model.model.layers[0], model.config, 0)
+    moe = block.feed_forward
+    assert isinstance(moe, MixtureOfExperts)
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.intermediate_dim, moe.routing,
+            moe.use_router_bias, moe.use_expert_bias, moe.expert_activation, moe.swiglu_alpha,
+            moe.swiglu_limit) == (4, 2, 16, "topk_softmax", True, True, "gpt_oss_swiglu",
+                                  1.702, 7.0)
+    experts = model.model.layers[0].mlp.experts
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(moe.gate_kernel),
+                                  experts.gate_up_proj.detach().numpy()[..., ::2])
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(moe.intermediate_bias),
+                                  experts.gate_up_proj_bias.detach().numpy()[..., 1::2])
 
 
 def test_sinks_mapping_is_cross_checked():

@@ -180,3 +180,28 @@ def test_decoder_errors():
     with pytest.raises(ValueError, match=r"`activation` cannot be passed"):
         convert.transformer_decoder_layer_from_llama(entries, H, 2, activation="gelu")
 
+
+
+def test_transformers_layer_converters_take_the_prefix_their_errors_advise():
+    """Issue 38: from a whole model's state dict, the layer converters' error advised a
+    `prefix=` that `*_from_transformers` did not accept; they take it now, and the layer
+    read under it is the one read from the module."""
+    config = _config(2, num_hidden_layers=2)
+    model = _randomize(transformers.LlamaForCausalLM(config), seed=8)
+    state = model.state_dict()
+    cases = [(convert.multi_head_attention_from_transformers, "model.layers.1.self_attn.",
+              model.model.layers[1].self_attn),
+             (convert.transformer_decoder_layer_from_transformers, "model.layers.1.",
+              model.model.layers[1])]
+    x = randn(rng(9), B, T, D)
+    for converter, prefix, module in cases:
+        with pytest.raises(ValueError, match=re.escape(f"prefix={prefix!r}")):
+            converter(state, config, 1, prefix="layers.1." + prefix[len("model.layers.1."):])
+        from_prefix = converter(state, config, 1, prefix=prefix)
+        from_module = converter(module, config, 1)
+        np.testing.assert_array_equal(to_numpy(from_prefix(x, use_causal_mask=True)
+                                               if "attention" in converter.__name__
+                                               else from_prefix(x)),
+                                      to_numpy(from_module(x, use_causal_mask=True)
+                                               if "attention" in converter.__name__
+                                               else from_module(x)))

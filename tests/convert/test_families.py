@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn import CausalLM, convert
+from keras_attn import CausalLM, convert, observe_paths
 from keras_attn.convert import _transformers_config as tables
 from keras_attn.layers._common import gelu_approximate
 from keras_attn.layers.causal_lm import traced_step_of
@@ -68,6 +68,23 @@ def test_ablation_moves_the_logits(converted, name):
     _, ids, logits, _, _, lm = converted(name)
     error = fc.relative_error(_logits(fc.ablate(lm, name), ids), logits)
     assert error > 100 * fc.TOLERANCE, f"{name}: ablation {fc.CASES[name][3][0]!r}: {error:.3g}"
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "gpt_oss"])
+def test_mixtures_sparse_path_matches_transformers(converted, name):
+    """The cases' 4 experts take the dense path ("auto"); the sparse one (what gpt-oss's
+    32 and 128 experts take) gives transformers' logits too, observed running."""
+    _, ids, logits, _, _, lm = converted(name)
+    config = lm.get_config()
+    for block in config["blocks"]:
+        if block["config"].get("feed_forward") is not None:
+            block["config"]["feed_forward"]["config"]["implementation"] = "sparse"
+    sparse = CausalLM.from_config(config)
+    sparse.set_weights(lm.get_weights())
+    with observe_paths() as taken:
+        error = fc.relative_error(_logits(sparse, ids), logits)
+    assert taken.get("moe_sparse", 0) > 0 and "moe_dense" not in taken, taken
+    assert error <= fc.TOLERANCE, f"{name}: relative error {error:.3g}"
 
 
 @pytest.mark.parametrize("name, overrides", [
@@ -206,6 +223,22 @@ REFUSED = [
     ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
     ("qwen3_moe", {"num_experts": 3, "num_local_experts": 4}, "num_experts"),
     ("qwen3_moe", {"norm_topk_prob": None}, "norm_topk_prob"),
+    ("gpt_oss", {"num_experts_per_tok": 5}, "num_experts_per_tok"),
+    ("gpt_oss", {"swiglu_limit": 0.0}, "swiglu_limit"),
+    ("gpt_oss", {"swiglu_alpha": None}, "swiglu_alpha"),
+    # The released gpt-oss checkpoints store the experts in MXFP4 (`*_blocks`, `*_scales`).
+    ("gpt_oss", {"quantization_config": {"quant_method": "mxfp4"}}, "quantization_config"),
+    # DeepSeek V3's router: the rule it reproduces, and groups that exist.
+    ("deepseek_v3", {"topk_method": "greedy"}, "topk_method"),
+    ("deepseek_v3", {"scoring_func": "softmax"}, "scoring_func"),
+    ("deepseek_v3", {"n_group": 3}, "n_group"),
+    ("deepseek_v3", {"n_group": 8}, "n_group"),  # groups of one expert: no top 2
+    ("deepseek_v3", {"topk_group": 5}, "topk_group"),
+    ("deepseek_v3", {"topk_group": 1, "num_experts_per_tok": 3}, "num_experts_per_tok"),
+    ("deepseek_v3", {"n_shared_experts": 0}, "n_shared_experts"),
+    ("deepseek_v3", {"first_k_dense_replace": -1}, "first_k_dense_replace"),
+    ("deepseek_v3", {"norm_topk_prob": None}, "norm_topk_prob"),
+    ("deepseek_v3", {"num_key_value_heads": 2}, "num_key_value_heads"),
     # Issue 35: Qwen 3.5's hybrid stack.
     ("qwen3_5_text", {"layer_types": ["linear_attention", "sliding_attention"] * 2},
      "layer_types"),
@@ -246,6 +279,14 @@ CROSS = [
     ("mixtral", {"num_local_experts": 3}, ["num_experts=3", "mlp.gate.weight"]),
     ("qwen3_moe", {"moe_intermediate_size": 32}, ["moe_intermediate_size", "F=32", "gate_up_proj"]),
     ("qwen3_moe", {"mlp_only_layers": []}, ["model.layers.0.mlp.gate.weight"]),
+    ("gpt_oss", {"intermediate_size": 32}, ["intermediate_size=32", "(E, D, 2F)",
+                                            "mlp.experts.gate_up_proj"]),
+    ("gpt_oss", {"num_local_experts": 3}, ["num_local_experts=3", "gate_up_proj"]),
+    ("deepseek_v3", {"n_shared_experts": 2}, ["S=48", "shared_experts.gate_proj.weight"]),
+    ("deepseek_v3", {"first_k_dense_replace": 0}, ["model.layers.0.mlp.gate.weight"]),
+    ("deepseek_v3", {"kv_lora_rank": 8}, ["kv_lora_rank=8", "kv_a_proj_with_mqa.weight"]),
+    ("deepseek_v3", {"drop": "model.layers.1.mlp.gate.e_score_correction_bias"},
+     ["state_dict is missing", "model.layers.1.mlp.gate.e_score_correction_bias"]),
     ("qwen3_5_text", {"linear_num_value_heads": 8},
      ["linear_num_value_heads=8", "in_proj_qkv.weight"]),
     ("qwen3_5_text", {"linear_conv_kernel_dim": 3},
@@ -271,6 +312,18 @@ def test_config_is_cross_checked_against_the_weights(converted, name, changes, w
         convert.causal_lm_from_transformers(config, state)
     for word in words:
         assert word in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("entry, flag", [("mlp.gate.bias", "use_router_bias"),
+                                         ("mlp.experts.down_proj_bias", "use_expert_bias")])
+def test_expert_biases_the_family_lacks_are_refused(converted, entry, flag):
+    """Mixtral's experts have no biases: a state dict with one is refused, naming it."""
+    model = converted("mixtral")[0]
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    state[f"model.layers.0.{entry}"] = np.zeros((4, fc.D) if "down" in entry else (4,))
+    config = json.loads(model.config.to_json_string())
+    with pytest.raises(ValueError, match=rf"{flag}=False.*model\.layers\.0\.{entry}"):
+        convert.causal_lm_from_transformers(config, state)
 
 
 def test_family_tables_classify_every_field_of_the_transformers_configs():

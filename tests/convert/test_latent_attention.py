@@ -115,15 +115,14 @@ def test_fields_it_cannot_reproduce_are_refused_by_name(changes, field):
         convert.multi_head_latent_attention_from_transformers({}, config)
 
 
-def test_the_whole_model_is_refused_by_its_mixture_of_experts():
+def test_the_whole_model_converts_and_the_attention_converter_says_which_one():
+    """Issue 34: the whole model converts (tests/convert/test_families.py compares it with
+    transformers); the MultiHeadAttention converter refuses the latent attention by name."""
     config = transformers.DeepseekV3Config(**lc.config_dict(lc.FIXTURE))
-    with pytest.raises(ValueError, match=r"`n_routed_experts`.*issue 34.*Received: n_routed_experts=4"):
-        convert.causal_lm_from_transformers(config, {})
-    with pytest.raises(ValueError, match="n_routed_experts"):
-        convert.multi_head_attention_from_transformers({}, config)
-    dense = dict(config.to_dict(), n_routed_experts=None)
     with pytest.raises(ValueError, match=r"`kv_lora_rank`.*multi_head_latent_attention"):
-        convert.causal_lm_from_transformers(dense, {})
+        convert.multi_head_attention_from_transformers({}, config)
+    with pytest.raises(ValueError, match=r"model\.embed_tokens\.weight"):  # the weights' turn
+        convert.causal_lm_from_transformers(config, {})
 
 
 def test_families_without_latent_attention_and_the_sparse_deepseeks_are_refused():

@@ -278,7 +278,7 @@ def _glm4_dict():
 
 @pytest.mark.parametrize("name", ["llama", "gemma3_text", "qwen3", "granite", "phi3",
                                   "starcoder2", "olmo2", "exaone4", "mixtral", "qwen3_moe",
-                                  "qwen3_5_text"])
+                                  "gpt_oss", "deepseek_v3", "qwen3_5_text"])
 def test_transformers_from_pretrained_reads_what_keras_writes(tmp_path, name):
     """Torch env: transformers' `from_pretrained` of the folder `save_pretrained` wrote
     gives the Keras model's logits within 1e-5 (Gemma 3: its `1 + w` norms undone)."""
@@ -290,6 +290,10 @@ def test_transformers_from_pretrained_reads_what_keras_writes(tmp_path, name):
     scale.assign(scale * 0.5)
     lm.save_pretrained(tmp_path, max_shard_size="10KB")
     assert (tmp_path / "model.safetensors.index.json").exists()
+    if name == "deepseek_v3":  # its router's correction bias is written (transformers would
+        # otherwise start it at zeros, a different choice of experts)
+        index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+        assert "model.layers.1.mlp.gate.e_score_correction_bias" in index["weight_map"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, attn_implementation="eager").float().eval()
     ids = fc.token_ids(name, small=True)

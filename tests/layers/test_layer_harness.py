@@ -41,7 +41,7 @@ def test_keras_run_layer_test(name):
         input_shape=shapes if len(shapes) > 1 else next(iter(shapes.values())),
         expected_output_shape=case.expected_shape,
         expected_num_trainable_weights=case.trainable_weights,
-        expected_num_non_trainable_weights=0,
+        expected_num_non_trainable_weights=case.non_trainable_weights,
         supports_masking=True,
         run_training_check=TRAINS and len(shapes) == 1,  # as Keras tests its own MHA
     )

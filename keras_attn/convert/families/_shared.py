@@ -55,7 +55,7 @@ def core(config, *, activation_field="hidden_act", default_activation="silu",
         tie_word_embeddings=bool(config.get("tie_word_embeddings", tie_default)))
 
 
-def rope_of(config, *, partial_rotary=False, longrope=False):
+def rope_of(config, *, partial_rotary=False, longrope=False, default_theta=10000.0):
     """The RoPE options (AttentionOptions fields) of a config with one `rope_parameters`
     (or the older `rope_theta` / `rope_scaling`).
 
@@ -63,13 +63,15 @@ def rope_of(config, *, partial_rotary=False, longrope=False):
     the RoPE parameters, or from the config's top level when they lack it, as
     transformers' `setdefault` does). `longrope`: the family reads longrope (its
     generation recomputes the cache at the switch, as `CausalLM.generate`).
+    `default_theta`: the family's `rope_theta` when the config has no RoPE fields at all
+    (transformers' `default_theta`).
     """
     params = config.get("rope_parameters")
     if params is not None and config.get("rope_scaling") is not None:
         _refuse("rope_scaling", config["rope_scaling"],
                 "give either `rope_parameters` or the older `rope_scaling`, not both")
     if params is None:
-        params = {"rope_theta": config.get("rope_theta", 10000.0),
+        params = {"rope_theta": config.get("rope_theta", default_theta),
                   **dict(config.get("rope_scaling") or {})}
         where = "rope_scaling"
     else:

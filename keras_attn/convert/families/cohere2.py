@@ -19,9 +19,11 @@ MODEL_TYPE = "cohere2"
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "layer_norm_eps", "attention_bias",
                                    "logit_scale", "sliding_window", "layer_types",
-                                   "sliding_window_pattern", "_sliding_window_pattern"),
+                                   "sliding_window_pattern"),
     "neutral": {},
-    "ignored": {},
+    "ignored": {"_sliding_window_pattern": ("a private attribute transformers writes and "
+                                            "does not read back: without `layer_types` it derives them "
+                                            "from `sliding_window_pattern` (4 by default), as here")},
 }
 
 
@@ -36,7 +38,7 @@ def spec(config):
     window = _shared.window_of(config)
     types = config.get("layer_types")
     if types is None:
-        pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", 4))
+        pattern = config.get("sliding_window_pattern", 4)
         types = _shared.every_nth_full(n, pattern)
     types = _shared.checked_layer_types(types, n, window)
     scale = _number(config, "logit_scale", 0.0625)

@@ -15,7 +15,13 @@ FIELDS = {
 }
 
 
+# transformers 5.24's defaults for fields a config.json may leave out, where they differ
+# from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
+_DEFAULTS = {"head_dim": 256}
+
+
 def spec(config):
+    config = {**_DEFAULTS, **config}
     core = _shared.core(config, default_activation="gelu_pytorch_tanh", tie_default=True)
     bias = bool(config.get("attention_bias", False))
     return ModelSpec(

@@ -21,7 +21,13 @@ FIELDS = {
 }
 
 
+# transformers 5.24's defaults for fields a config.json may leave out, where they differ
+# from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
+_DEFAULTS = {"num_key_value_heads": 4, "head_dim": 256}
+
+
 def spec(config):
+    config = {**_DEFAULTS, **config}
     core = _shared.core(config, activation_field="hidden_activation",
                         default_activation="gelu_pytorch_tanh", tie_default=True)
     n = core["num_layers"]

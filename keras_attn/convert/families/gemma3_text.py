@@ -23,10 +23,13 @@ FIELDS = {
     "read": _shared.CORE_FIELDS + ("rms_norm_eps", "hidden_activation", "attention_bias",
                                    "query_pre_attn_scalar", "final_logit_softcapping",
                                    "sliding_window", "layer_types", "rope_local_base_freq",
-                                   "sliding_window_pattern", "_sliding_window_pattern"),
+                                   "sliding_window_pattern"),
     "neutral": {"use_bidirectional_attention": (False, None),
                 "attn_logit_softcapping": (None,)},
     "ignored": {"hidden_act": "Gemma 3's modeling reads `hidden_activation`",
+                "_sliding_window_pattern": ("a private attribute transformers writes and "
+                                            "does not read back: without `layer_types` it derives them "
+                                            "from `sliding_window_pattern` (6 by default), as here"),
                 "cache_implementation": "how transformers caches"},
 }
 
@@ -55,7 +58,13 @@ def rope_by_layer_type(config):
                         f"rope_parameters[{kind!r}]", max_positions) for kind in LAYER_TYPES}
 
 
+# transformers 5.24's defaults for fields a config.json may leave out, where they differ
+# from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
+_DEFAULTS = {"num_key_value_heads": 4, "head_dim": 256}
+
+
 def spec(config):
+    config = {**_DEFAULTS, **config}
     core = _shared.core(config, activation_field="hidden_activation",
                         default_activation="gelu_pytorch_tanh", tie_default=True)
     n = core["num_layers"]
@@ -64,7 +73,7 @@ def spec(config):
     types = config.get("layer_types")
     if types is None:
         types = _shared.every_nth_full(n, config.get(
-            "sliding_window_pattern", config.get("_sliding_window_pattern", 6)))
+            "sliding_window_pattern", 6))
     types = _shared.checked_layer_types(types, n, window)
     scale = _number(config, "query_pre_attn_scalar", 256) ** -0.5
     final_cap = _number(config, "final_logit_softcapping", None, allow_none=True)

@@ -25,7 +25,13 @@ _NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
           "post_mlp_layernorm": "post_feedforward_layernorm"}
 
 
+# transformers 5.24's defaults for fields a config.json may leave out, where they differ
+# from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
+_DEFAULTS = {"num_key_value_heads": 2, "rms_norm_eps": 1.5625e-07}
+
+
 def spec(config):
+    config = {**_DEFAULTS, **config}
     core = _shared.core(config, tie_default=False)
     # GLM-4's default is 0.5 (its config sets it when absent); transformers' standardised
     # config carries it in rope_parameters.

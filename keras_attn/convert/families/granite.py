@@ -18,7 +18,13 @@ FIELDS = {
 }
 
 
+# transformers 5.24's defaults for fields a config.json may leave out, where they differ
+# from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
+_DEFAULTS = {"tie_word_embeddings": False}
+
+
 def spec(config):
+    config = {**_DEFAULTS, **config}
     core = _shared.core(config, tie_default=True)
     bias = bool(config.get("attention_bias", False))
     scale = _number(config, "attention_multiplier", 1.0)

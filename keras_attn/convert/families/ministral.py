@@ -14,7 +14,13 @@ FIELDS = {
 }
 
 
+# transformers 5.24's defaults for fields a config.json may leave out, where they differ
+# from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
+_DEFAULTS = {"num_key_value_heads": 8}
+
+
 def spec(config):
+    config = {**_DEFAULTS, **config}
     core = _shared.core(config)
     n, window = core["num_layers"], _shared.window_of(config)
     types = (_shared.layer_types(config, n, window) if config.get("layer_types") is not None

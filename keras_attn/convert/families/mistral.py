@@ -12,7 +12,13 @@ FIELDS = {
 }
 
 
+# transformers 5.24's defaults for fields a config.json may leave out, where they differ
+# from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
+_DEFAULTS = {"num_key_value_heads": 8, "sliding_window": 4096}
+
+
 def spec(config):
+    config = {**_DEFAULTS, **config}
     core = _shared.core(config)
     n = core["num_layers"]
     rope = _shared.rope_of(config)

@@ -41,7 +41,7 @@ def spec(config):
     k = _positive_int(config, "num_experts_per_tok")
     if k > experts:
         _refuse("num_experts_per_tok", k, f"at most num_local_experts={experts}")
-    rope = _shared.rope_of(config)
+    rope = _shared.rope_of(config, default_theta=1000000.0)
     window = _shared.window_of(config)
     layers = _shared.layer_specs(n, rope, windows=[window] * n, logit_soft_cap=None,
                                  scale=None)

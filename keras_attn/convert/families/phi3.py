@@ -28,7 +28,13 @@ FIELDS = {
 }
 
 
+# transformers 5.24's defaults for fields a config.json may leave out, where they differ
+# from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
+_DEFAULTS = {"rms_norm_eps": 1e-5}
+
+
 def spec(config):
+    config = {**_DEFAULTS, **config}
     core = _shared.core(config, tie_default=False)
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(params, Mapping):

@@ -15,7 +15,13 @@ FIELDS = {
 }
 
 
+# transformers 5.24's defaults for fields a config.json may leave out, where they differ
+# from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
+_DEFAULTS = {"num_key_value_heads": 4, "tie_word_embeddings": True}
+
+
 def spec(config):
+    config = {**_DEFAULTS, **config}
     core = _shared.core(config)
     n = core["num_layers"]
     uses_rope = config.get("no_rope_layers")
@@ -39,5 +45,5 @@ def spec(config):
     return ModelSpec(
         **core, qkv_bias=bias, output_bias=bias, mlp_bias=bool(config.get("mlp_bias", False)),
         qk_norm=False, final_logit_soft_cap=None,
-        layers=_shared.layer_specs(n, _shared.rope_of(config), uses_rope=uses_rope,
+        layers=_shared.layer_specs(n, _shared.rope_of(config, default_theta=2000000.0), uses_rope=uses_rope,
                                    windows=_shared.sliding_windows(types, window)))

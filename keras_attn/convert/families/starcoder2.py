@@ -17,7 +17,13 @@ FIELDS = {
 }
 
 
+# transformers 5.24's defaults for fields a config.json may leave out, where they differ
+# from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
+_DEFAULTS = {"num_key_value_heads": 2}
+
+
 def spec(config):
+    config = {**_DEFAULTS, **config}
     core = _shared.core(config, default_activation="gelu_pytorch_tanh",
                         epsilon_field="norm_epsilon", default_epsilon=1e-5, tie_default=True)
     window = _shared.window_of(config)

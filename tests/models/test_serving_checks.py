@@ -1,0 +1,57 @@
+"""Issue 38's checks: what a serving stack passes `CausalLM` that it must refuse by name.
+
+Each test here failed before its fix (a silent wrong answer or a backend's raw error).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attn
+
+V, D = 16, 8
+
+
+def _lm():
+    block = keras_attn.TransformerDecoderLayer(
+        intermediate_dim=12, num_heads=2, normalize_first=True, normalization="rms")
+    lm = keras_attn.CausalLM(V, D, [block])
+    lm(np.zeros((1, 3), "int32"))
+    return lm
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return _lm()
+
+
+@pytest.mark.parametrize("bad", [-1, V, V + 7])
+def test_token_ids_outside_the_vocabulary_are_refused(lm, bad):
+    """Before: id -1 (a common pad value) read row V - 1 on every backend, and id V gave
+    an IndexError, NaN logits (JAX) or a clamped row (TensorFlow's XLA loop)."""
+    ids = np.array([[1, 2, bad]], "int32")
+    with pytest.raises(ValueError, match=rf"`token_ids` must hold token ids in \[0, "
+                                         rf"vocabulary_size\).*Received: an id of {bad}"):
+        lm(ids)
+    with pytest.raises(ValueError, match=rf"`prompt_ids`.*Received: an id of {bad}"):
+        lm.generate(ids, max_length=5)
+    # The same ids as a backend tensor (eager): still concrete, still refused.
+    with pytest.raises(ValueError, match="`token_ids` must hold token ids"):
+        lm(keras.ops.convert_to_tensor(ids))
+
+
+def test_ids_at_the_vocabulary_edges_are_accepted(lm):
+    ids = np.array([[0, V - 1, 3]], "int32")
+    assert tuple(lm(ids).shape) == (1, 3, V)
+    assert tuple(lm.generate(ids, max_length=5).shape) == (1, 5)
+
+
+def test_any_int_seed_samples_on_every_backend(lm):
+    """Before: JAX and NumPy raised OverflowError (uint32) for these seeds; TensorFlow and
+    PyTorch took them modulo 2**32 (Keras's own rule), which is now every backend's."""
+    ids = np.array([[1, 2, 3]], "int32")
+    sample = lambda seed: np.asarray(  # noqa: E731
+        lm.generate(ids, max_length=8, temperature=1.0, seed=seed))
+    negative = sample(-3)
+    assert negative.shape == (1, 8) and negative.min() >= 0 and negative.max() < V
+    np.testing.assert_array_equal(sample(2**40 + 5), sample(5))  # 2**40 + 5 = 5 mod 2**32
