@@ -98,6 +98,8 @@ def spec(config):
     """The whole model: every block's self-attention latent (`ModelSpec.latent_attention`),
     its feed-forward the dense MLP before `first_k_dense_replace`, a mixture after."""
     config = {**_MOE_DEFAULTS, **config}
+    # DeepseekV3Config derives head_dim = qk_rope_head_dim when a config leaves it out.
+    config.setdefault("head_dim", config.get("qk_rope_head_dim", _DEFAULTS["qk_rope_head_dim"]))
     num_layers, _, attention = latent_attention(config)
     dense = config.get("first_k_dense_replace")
     if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
