@@ -394,7 +394,10 @@ def empty_cache(layer: keras.layers.Layer, batch_size: int, max_length: int,
         layer: a `keras_attn.MultiHeadAttention`, or a built
             `keras_attn.TransformerDecoderLayer` (its self-attention's cache), or a
             `keras_attn.MultiHeadLatentAttention` (its `LatentCache`, whatever
-            `as_kv_cache` says).
+            `as_kv_cache` says), or a `keras_attn.layers.GatedDeltaNet` (or a block
+            whose self-attention is one: a hybrid model's linear-attention block): its
+            `RecurrentCache`, fixed-size whatever `max_length` and `as_kv_cache` say,
+            float32 unless `dtype` is given.
         batch_size: B.
         max_length: S_max, the number of positions the cache holds (prompt
             and generated tokens together).
@@ -416,6 +419,10 @@ def empty_cache(layer: keras.layers.Layer, batch_size: int, max_length: int,
     (1, 2, 128, 2, 16)
     """
     attention = getattr(layer, "self_attention", layer)
+    if getattr(attention, "has_recurrent_state", False):  # linear attention: a RecurrentCache
+        batch_size = check_positive_int("batch_size", batch_size)
+        check_positive_int("max_length", max_length)  # a fixed-size state: no slots
+        return attention.empty_cache(batch_size, dtype or "float32")
     if getattr(attention, "kv_lora_rank", None) is not None:  # latent attention: its LatentCache
         return attention.empty_cache(batch_size, max_length, dtype, as_kv_cache=True)
     heads = getattr(attention, "num_key_value_heads", None)

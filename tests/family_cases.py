@@ -30,7 +30,8 @@ _COMMON = dict(vocab_size=V, hidden_size=D, intermediate_size=F, num_attention_h
 # "norm_offset" takes 1 from every RMSNorm scale (forgetting Gemma's `1 + w`),
 # "qk_norm_ones" sets the qk-norm scales to 1 (ignoring q_norm / k_norm), "zero_weights"
 # zeroes the kernels of the layers named in `changes["names"]`, "zero_variables" the
-# variables of those names (a MixtureOfExperts' `router_correction_bias`).
+# variables of those names (a MixtureOfExperts' `router_correction_bias`), "variables" sets
+# every variable whose name is a key of `changes` to its value.
 # The post-norm families' tiny sizes (V 64, D 32) and their ablation: the same norms
 # before the sublayers (the post norms' weights become the input norms': same order).
 _TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48)
@@ -248,6 +249,18 @@ CASES = {
         rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
         36, ("correction bias ignored in the choice (router_correction_bias zeroed)",
              "zero_variables", {"names": ("router_correction_bias",)})),
+    # Qwen 3.5 (issue 35): 3 Gated DeltaNet layers then a gated softmax one, partial
+    # rotary 0.5 of d = 16, the multimodal RoPE fields (an identity for text), T = 24 and
+    # P = 8 against the chunk of 64. Ablation: the decay removed (A_log -> -30: g = 0).
+    "qwen3_5_text": ("Qwen3_5TextConfig", dict(
+        num_hidden_layers=4, head_dim=16, tie_word_embeddings=False,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=12, linear_conv_kernel_dim=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                         "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
+                         "mrope_interleaved": True}),
+        30, ("decay removed: A_log -> -30", "variables", {"A_log": -30.0})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -261,8 +274,9 @@ def config_kwargs(name, small=False):
         kwargs.update(SMALL, num_hidden_layers=2)
         if "head_dim" in kwargs:
             kwargs["head_dim"] = 8 if name != "qwen3" else 12
-        if "layer_types" in kwargs:
-            kwargs["layer_types"] = kwargs["layer_types"][:2]
+        if "layer_types" in kwargs:  # the hybrid's: one linear layer, one full
+            kwargs["layer_types"] = (kwargs["layer_types"][-2:] if name == "qwen3_5_text"
+                                     else kwargs["layer_types"][:2])
         if "sliding_window" in kwargs:
             kwargs["sliding_window"] = 4
         if "query_pre_attn_scalar" in kwargs:
@@ -333,6 +347,11 @@ def ablate(lm, name):
         for variable in new.weights:
             if variable.name in changes["names"]:
                 variable.assign(np.zeros(tuple(variable.shape), variable.dtype))
+    if kind == "variables":  # every variable named so (its last path part) set to a value
+        for variable in new.weights:
+            if variable.path.split("/")[-1] in changes:
+                value = changes[variable.path.split("/")[-1]]
+                variable.assign(np.full(tuple(variable.shape), value, "float32"))
     if kind == "zero_weights":
         for layer in new._flatten_layers(include_self=False, recursive=True):
             if layer.name in changes["names"]:

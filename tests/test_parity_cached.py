@@ -16,7 +16,7 @@ CACHED = [c for c in cases.CASES if "cached_prefill" in c.call]
 
 
 def test_there_are_cached_cases_of_both_layers():
-    assert {c.kind for c in CACHED} == {"mha", "decoder", "mla"}
+    assert {c.kind for c in CACHED} == {"mha", "decoder", "mla", "gdn"}
 
 
 @pytest.mark.skipif(keras.backend.backend() == "jax",

@@ -120,7 +120,7 @@ def test_report_load_rejects_other_files(tmp_path):
 
 def test_cases_are_fixed_and_cover_every_layer():
     kinds = {c.kind for c in cases.CASES}
-    assert kinds == {"sdpa", "mha", "ffn", "encoder", "decoder", "mla"}
+    assert kinds == {"sdpa", "mha", "ffn", "encoder", "decoder", "mla", "gdn"}
     first, second = arrays.case_arrays(cases.CASES[3]), arrays.case_arrays(cases.CASES[3])
     for a, b in zip(first, second, strict=True):
         for name in a:

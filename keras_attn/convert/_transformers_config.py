@@ -69,6 +69,9 @@ class LayerSpec:
     # None for the dense MLP (Qwen3-MoE's `mlp_only_layers` / `decoder_sparse_step`
     # schedule, DeepSeek V3's `first_k_dense_replace`).
     mixture_of_experts: dict[str, Any] | None = None
+    # `GatedDeltaNet` keywords when this layer's attention is linear (Qwen 3.5's
+    # "linear_attention" layers: `linear_attn`), or None for softmax attention (`attention`).
+    linear_attention: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass

@@ -8,7 +8,10 @@ Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
 `mlp.experts.gate_up_proj` / `down_proj`, with gpt-oss's biases `mlp.gate.bias`,
 `gate_up_proj_bias`, `down_proj_bias` after its `canonical_state_dict`; DeepSeek V3's
 shared expert and correction bias through `keras_attn.convert._shared_experts`, its latent
-attention, `self_attn.q_a_proj` ..., through `keras_attn.convert.latent_attention`'s map)
+attention, `self_attn.q_a_proj` ..., through `keras_attn.convert.latent_attention`'s map),
+`qwen3_5_text` (a hybrid stack: its "linear_attention" layers' `linear_attn` a
+`GatedDeltaNet`, mapped by `keras_attn.convert.gated_deltanet`; its gated attention's
+`self_attn.gate_proj`, split from `q_proj` by the family, to `self_attention.gate_dense`)
 (`deepseek_v32` and
 `deepseek_v4` are refused as `families.REFUSED` says), each a module of
 `keras_attn.convert.families` (its fields, its spec, and its own weight names renamed or
@@ -50,12 +53,13 @@ from typing import Any
 
 import numpy as np
 
-from keras_attn.convert import _common, families, pretrained
+from keras_attn.convert import _common, families, gated_deltanet, pretrained
 from keras_attn.convert import latent_attention as _latent
 from keras_attn.convert._common import cross_check as _cross_check
 from keras_attn.convert._shared_experts import shared_experts_plan
 from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
 from keras_attn.layers._common import gelu_approximate
+from keras_attn.layers.gated_deltanet import GatedDeltaNet
 from keras_attn.layers.latent_attention import MultiHeadLatentAttention
 from keras_attn.layers.mixture_of_experts import MixtureOfExperts
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
@@ -130,6 +134,12 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
     elif entries.has(sub + "sinks"):
         raise ValueError(f"The config and the weights disagree: the layer has no attention "
                          f"sinks, but state_dict has {entries.key(sub + 'sinks')}.")
+    if getattr(layer, "use_gate", False):  # the gated output (Qwen 3.5: from q_proj's rows)
+        gate = check(entries, sub + "gate_proj.weight", (H * d, D), "(H * d, D)",
+                     f"{heads}, {width}")
+        gate_bias = (check(entries, sub + "gate_proj.bias", (H * d,), "(H * d,)", heads)
+                     if spec.qkv_bias else None)
+        plan += _common.dense_plan(layer.gate_dense, gate.T, gate_bias, "gate")
     if spec.qk_norm:
         norms = [("q", layer.query_norm)] + ([] if shared else [("k", layer.key_norm)])
         full = bool(getattr(layer, "qk_norm_full_width", False))  # OLMo 2: over H * d
@@ -168,22 +178,24 @@ def _block(spec: ModelSpec, index, name=None, dtype=None):
     else:  # the block's `feed_forward=`: the dense MLP's flat arguments stay unset
         feed_forward = dict(feed_forward=MixtureOfExperts(
             **moe, activation=activation, name="feed_forward", dtype=dtype))
-    if spec.latent_attention is None:
-        attention: dict[str, Any] = dict(key_dim=spec.layer_head_dim(index),
-                                         num_key_value_heads=spec.layer_kv_heads(index))
+    flat = dict(num_heads=spec.num_heads, attention_use_bias=spec.qkv_bias,
+                attention_output_use_bias=spec.output_bias,
+                attention_dropout=spec.attention_dropout, **spec.layers[index].attention)
+    attention: dict[str, Any]
+    if spec.layers[index].linear_attention is not None:  # a hybrid stack's linear block
+        attention = dict(attention=gated_deltanet.layer(spec, index, dtype))
+    elif spec.latent_attention is None:
+        attention = dict(key_dim=spec.layer_head_dim(index),
+                         num_key_value_heads=spec.layer_kv_heads(index), **flat)
     else:  # DeepSeek V3: the block's self-attention is latent (its options its own)
         attention = dict(attention=MultiHeadLatentAttention(
-            **spec.latent_attention, name="self_attention", dtype=dtype))
+            **spec.latent_attention, name="self_attention", dtype=dtype), **flat)
     return TransformerDecoderLayer(
-        spec.num_heads, **attention,
         normalization=spec.normalization, normalize_first=True,
         layer_norm_epsilon=spec.epsilon, use_bias=spec.mlp_bias,
-        attention_use_bias=spec.qkv_bias, attention_output_use_bias=spec.output_bias,
         use_post_attention_norm=spec.sandwich_norms or not spec.input_norms,
         use_post_ffw_norm=spec.sandwich_norms or not spec.input_norms,
-        attention_dropout=spec.attention_dropout,
-        name=name, dtype=dtype, **feed_forward, **_block_options(spec),
-        **spec.layers[index].attention)
+        name=name, dtype=dtype, **attention, **feed_forward, **_block_options(spec))
 
 
 def _experts_plan(entries, spec: ModelSpec, moe, sub, check):
@@ -301,7 +313,10 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
     """Check and plan a decoder layer's entries under `sub` onto the block (`check` as for
     `_attention_plan`)."""
     D, F = spec.hidden_dim, block.intermediate_dim or spec.intermediate_dim
-    if isinstance(block.self_attention, MultiHeadLatentAttention):
+    if isinstance(block.self_attention, GatedDeltaNet):  # a hybrid stack's linear block
+        plan = gated_deltanet.plan(entries, spec, block.self_attention, sub + "linear_attn.",
+                                   check)
+    elif isinstance(block.self_attention, MultiHeadLatentAttention):
         plan = _latent._plan(entries, block.self_attention, D, sub + "self_attn.", check)
     else:
         plan = _attention_plan(entries, spec, block.self_attention, sub + "self_attn.", check)
@@ -452,6 +467,12 @@ def multi_head_attention_from_transformers(module_or_state_dict: Any, config: An
             extra or disagreeing with the config.
     """
     def make(spec):
+        if spec.layers[layer_index].linear_attention is not None:
+            raise ValueError(
+                f"Layer {layer_index} is a linear-attention layer (config field `layer_types`"
+                ": 'linear_attention'), not a multi-head attention: convert its block with "
+                "`transformer_decoder_layer_from_transformers`. Received: layer_index="
+                f"{layer_index}")
         if spec.latent_attention is not None:
             raise ValueError(
                 f"config field `kv_lora_rank` is not supported here ({spec.family!r}'s "

@@ -66,6 +66,17 @@ class GatedDeltaNet(keras.layers.Layer):
         cache: None, or a `keras_attn.recurrent_cache.RecurrentCache` (`empty_cache`): the
             state after the tokens seen so far; then the call returns the new one too.
             One token with a cache runs the recurrent form, more the chunked form.
+        use_causal_mask: True (the default): the layer is causal by construction. It is
+            here for the block contract (`TransformerDecoderLayer(attention=...)` passes
+            it); False is a `ValueError`.
+        cache_update_index: the position of the first of the T tokens, which a block
+            passes with its cache (`CausalLM.generate`): accepted and not read, since a
+            state has no positions (it holds exactly the tokens seen so far).
+
+    Inside a `TransformerDecoderLayer` (`attention=GatedDeltaNet(...)`) it is a block of a
+    hybrid `keras_attn.CausalLM` (Qwen 3.5): `keras_attn.empty_cache(block, B, L)` makes
+    its `RecurrentCache` (whatever L), which `generate` carries beside the other blocks'
+    key/value caches.
 
     Returns:
         `(B, T, D)`; with a cache, `(output, new_cache)`.
@@ -80,6 +91,9 @@ class GatedDeltaNet(keras.layers.Layer):
     >>> tuple(cache.recurrent_state.shape)
     (2, 2, 4, 3)
     """
+
+    # Read by `keras_attn.empty_cache`: this layer's cache is a RecurrentCache, not a KVCache.
+    has_recurrent_state = True
 
     def __init__(self, linear_num_key_heads: int, linear_num_value_heads: int,
                  linear_key_head_dim: int, linear_value_head_dim: int,
@@ -171,7 +185,12 @@ class GatedDeltaNet(keras.layers.Layer):
         new_state = ops.swapaxes(full[:, length:], 1, 2)
         return ops.silu(out), new_state
 
-    def call(self, hidden_states, cache=None, training=None):
+    def call(self, hidden_states, cache=None, training=None, use_causal_mask=True,
+             cache_update_index=None):
+        if use_causal_mask is not True:
+            raise ValueError("`GatedDeltaNet` is causal by construction (a recurrent state): "
+                             f"`use_causal_mask` must be True. Received: "
+                             f"use_causal_mask={use_causal_mask!r}")
         shape = static_shape(hidden_states)
         length = shape[1]
         heads, d_k, d_v = (self.linear_num_value_heads, self.linear_key_head_dim,

@@ -12,13 +12,24 @@ __all__ = ["cache_recompute_lengths", "loops_of", "set_step_tracer", "traced_ste
 
 def cache_recompute_lengths(lm):
     """The sequence lengths at which `lm.generate` recomputes its caches: each block's
-    self-attention RoPE's `cache_recompute_length` (longrope's switch), or ()."""
+    self-attention RoPE's `cache_recompute_length` (longrope's switch), or (); a
+    `ValueError` if there are some and a block's attention holds a recurrent state."""
     lengths = set()
     for block in lm.blocks:
         options = getattr(getattr(block, "self_attention", None), "options", None)
         rope = getattr(options, "rope", None)
         if rope is not None and rope.cache_recompute_length is not None:
             lengths.add(rope.cache_recompute_length)
+    recurrent = [block.name for block in lm.blocks if getattr(
+        getattr(block, "self_attention", None), "has_recurrent_state", False)]
+    if lengths and recurrent:
+        # The recomputation rewrites every cache from index 0; a recurrent state cannot be
+        # rewound to 0 that way (it would fold the tokens in twice).
+        raise ValueError(
+            "`generate` recomputes its caches at RoPE's switch (longrope's "
+            f"cache_recompute_length {sorted(lengths)}), which a linear-attention block's "
+            "recurrent state does not allow. Received: linear-attention blocks "
+            f"{recurrent} with cache_recompute_length={sorted(lengths)}")
     return tuple(sorted(lengths))
 
 

@@ -117,6 +117,12 @@ class CausalLM(keras.Model):
     `self_attention` to be a `keras_attn.MultiHeadAttention` or to expose its
     `num_key_value_heads` and `key_dim`). A model of blocks without such a
     cache is called on whole sequences; `generate` raises a `ValueError`.
+    A hybrid stack (Qwen 3.5) mixes blocks whose attention is a
+    `keras_attn.layers.GatedDeltaNet` (their cache a fixed-size
+    `keras_attn.recurrent_cache.RecurrentCache`, which `empty_cache` makes
+    for them) with softmax blocks (a `KVCache` of L slots): `generate`'s
+    prefill runs the whole prompt through each (the chunked delta rule), its
+    steps one token (the recurrent form), in the one compiled loop.
 
     Shapes: B batch, T length, V `vocabulary_size`, D `hidden_dim`, P the
     prompt length and L the generated length (`max_length`).
@@ -310,6 +316,12 @@ class CausalLM(keras.Model):
                                                   self.hidden_size_per_layer_input))
         for i, source in enumerate(self.kv_sharing or [None] * len(self.blocks)):
             attention = getattr(self.blocks[i], "self_attention", None)
+            if source is not None and getattr(getattr(self.blocks[source], "self_attention",
+                                                      None), "has_recurrent_state", False):
+                raise ValueError(
+                    f"`blocks[{i}]` cannot reuse the keys and values of `blocks[{source}]`, "
+                    "whose attention is linear (a recurrent state, no keys and values). "
+                    f"Received: kv_sharing[{i}]={source}")
             if bool(getattr(attention, "is_kv_shared_layer", False)) != (source is not None):
                 raise ValueError(
                     f"`blocks[{i}]` ('{self.blocks[i].name}') reuses another block's keys and "

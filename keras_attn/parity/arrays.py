@@ -86,6 +86,18 @@ def _mla(dim, c):
     return shapes
 
 
+def _gdn(dim, c):
+    """GatedDeltaNet's weights (no biases): the projections, the convolution, the gates."""
+    h_k, h = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    d_k, d_v = c["linear_key_head_dim"], c["linear_value_head_dim"]
+    conv = 2 * h_k * d_k + h * d_v
+    return {"in_proj_qkv/kernel": (dim, conv), "in_proj_z/kernel": (dim, h * d_v),
+            "in_proj_b/kernel": (dim, h), "in_proj_a/kernel": (dim, h),
+            "out_proj/kernel": (h * d_v, dim),
+            "conv1d_kernel": (conv, c.get("linear_conv_kernel_dim", 4)), "dt_bias": (h,),
+            "A_log": (h,), "norm_scale": (d_v,)}
+
+
 def _norm(prefix, dim, kind="layer"):
     if kind == "rms":
         return {f"{prefix}/scale": (dim,)}
@@ -115,6 +127,8 @@ def weight_shapes(case):
                     c.get("gated", False))
     if case.kind == "mla":
         return _mla(s["query"][-1], c)
+    if case.kind == "gdn":
+        return _gdn(s["inputs"][-1], c)
     d = s["inputs"][-1]
     head = c.get("key_dim") or d // c["num_heads"]
     norm = c.get("normalization", "layer")

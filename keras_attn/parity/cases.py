@@ -18,8 +18,9 @@ __all__ = ["CASES", "Case", "get_cases", "has_gradients"]
 class Case:
     """One parity case.
 
-    kind: "sdpa", "mha", "ffn", "encoder", "decoder" or "mla" (multi-head latent
-        attention, self-attention on `query`).
+    kind: "sdpa", "mha", "ffn", "encoder", "decoder", "mla" (multi-head latent
+        attention, self-attention on `query`) or "gdn" (Gated DeltaNet, on `inputs`;
+        its cached cases carry a `RecurrentCache`).
     config: constructor arguments of the layer (or sdpa keyword arguments).
     shapes: name -> shape of each differentiable float input.
     masks: name -> a function of a NumPy Generator returning a bool array.
@@ -311,6 +312,23 @@ CASES = (
           "v_head_dim": 3, "q_lora_rank": 5, "rope_max_wavelength": 100.0,
           "rope_interleaved": False, "decode": "expanded"},
          {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 1}),
+    # Gated DeltaNet (Qwen 3.5's linear attention): the chunked rule over a length its chunk
+    # does not divide, and the recurrent rule over a RecurrentCache after a chunked prefill.
+    # d_k = 8: with 4 features the L2 norm of small q / k vectors amplified the half-precision
+    # rounding of the convolution's output in the gradients (bfloat16 worst/tol 1.8 against
+    # the float64 reference; 0.22 with 8).
+    Case("gdn_chunked", "gdn",
+         "GatedDeltaNet: 1 query/key head of 8, 2 value heads of 3, convolution 4, the "
+         "chunked rule with chunk 3 over T=4 (zero-padded)",
+         {"linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 8,
+          "linear_value_head_dim": 3, "linear_conv_kernel_dim": 4, "chunk_size": 3},
+         {"inputs": (B, T, D)}),
+    Case("gdn_cached_recurrent", "gdn",
+         "GatedDeltaNet with a RecurrentCache: prefill 2 tokens (chunked, chunk 3), then 2 "
+         "one-token steps (the recurrent rule)",
+         {"linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 8,
+          "linear_value_head_dim": 3, "linear_conv_kernel_dim": 4, "chunk_size": 3},
+         {"inputs": (B, T, D)}, call={"cached_prefill": 2}),
 )
 
 # Constructor arguments that configure the attention itself (the reference takes them too):

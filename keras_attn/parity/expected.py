@@ -9,7 +9,7 @@ import numpy as np
 
 from keras_attn.parity.arrays import cotangent
 from keras_attn.parity.cases import _attention_options, has_gradients
-from keras_attn.testing import reference
+from keras_attn.testing import delta_reference, reference
 
 __all__ = ["reference_forward", "reference_result"]
 
@@ -47,6 +47,15 @@ def reference_forward(case, inputs, masks, weights):
         return reference.multi_head_latent_attention(
             params, inputs["query"], mask=masks.get("attention_mask"),
             is_causal=call.get("use_causal_mask", False), **options)[0]
+    if case.kind == "gdn":
+        w = {name: params[name]["kernel"] for name in (
+            "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")}
+        w.update(conv1d=params["conv1d_kernel"].T, A_log=params["A_log"],
+                 dt_bias=params["dt_bias"], norm=params["norm_scale"])
+        heads = tuple(c[f"linear_{n}"] for n in ("num_key_heads", "num_value_heads",
+                                                  "key_head_dim", "value_head_dim"))
+        return delta_reference.gated_delta_net(inputs["inputs"], w, heads,
+                                               eps=c.get("layer_norm_epsilon", 1e-6))[0]
     common = dict(num_heads=c["num_heads"], padding_mask=masks.get("padding_mask"),
                   attention_mask=masks.get("attention_mask"),
                   normalize_first=c.get("normalize_first", False),

@@ -56,6 +56,9 @@ def _build(case, dtype):
     elif case.kind == "ffn":
         layer = keras_attn.PositionwiseFeedForward(**case.config, dtype=policy)
         layer.build(s["inputs"])
+    elif case.kind == "gdn":
+        layer = keras_attn.GatedDeltaNet(**case.config, dtype=policy)
+        layer.build(s["inputs"])
     elif case.kind == "encoder":
         layer = keras_attn.TransformerEncoderLayer(**case.config, dtype=policy)
         layer.build(s["inputs"])
@@ -102,7 +105,7 @@ def _forward(case, layer, dtype, inputs, masks):
         return layer(query=inputs["query"], value=inputs.get("value", inputs.get("key")),
                      key=inputs.get("key"), attention_mask=masks.get("attention_mask"),
                      use_causal_mask=call.get("use_causal_mask", False))
-    if case.kind == "ffn":
+    if case.kind in ("ffn", "gdn"):
         return layer(inputs["inputs"])
     if case.kind == "mla":
         return layer(inputs["query"], attention_mask=masks.get("attention_mask"),
@@ -132,6 +135,12 @@ def _cached_forward(case, layer, inputs, masks):
         for start, end in bounds:
             out, cache = layer(x[:, start:end], cache=cache, cache_update_index=start,
                                use_causal_mask=case.call.get("use_causal_mask", False))
+            outputs.append(out)
+        return ops.concatenate(outputs, axis=1)
+    if case.kind == "gdn":  # a RecurrentCache: the state after the tokens so far
+        cache = layer.empty_cache(B)
+        for start, end in bounds:
+            out, cache = layer(x[:, start:end], cache=cache)
             outputs.append(out)
         return ops.concatenate(outputs, axis=1)
     if case.kind == "mha":

@@ -11,7 +11,8 @@ __all__ = ["LAYOUT"]
 # Layer kind -> its dense sublayers (`<part>_dense`), its norms (`<part>`,
 # LayerNormalization `gamma`/`beta` or RMSNormalization `scale`), or its
 # blocks (each a sublayer `<part>` plus a norm `<part>_norm`), or its own weights
-# (`<part>`: attention sinks). Parts a layer
+# (`<part>`: attention sinks), or its projections (`Dense` sublayers `<part>` named without
+# the `_dense` suffix: GatedDeltaNet's `in_proj_qkv`, ...). Parts a layer
 # was built without (a gate, qk norms, cross-attention) are skipped.
 LAYOUT = {
     "MultiHeadAttention": {"dense": ("query", "key", "value", "gate", "output"),
@@ -20,6 +21,9 @@ LAYOUT = {
                                            "key_value_b", "output"),
                                  "norms": ("query_a_norm", "key_value_a_norm")},
     "PositionwiseFeedForward": {"dense": ("gate", "intermediate", "output")},
+    "GatedDeltaNet": {"projections": ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                                      "out_proj"),
+                      "weights": ("conv1d_kernel", "dt_bias", "A_log", "norm_scale")},
     "TransformerEncoderLayer": {"blocks": ("self_attention", "feed_forward"),
                                 "norms": ("post_attention_norm", "post_feed_forward_norm")},
     "TransformerDecoderLayer": {"blocks": ("self_attention", "cross_attention", "feed_forward"),

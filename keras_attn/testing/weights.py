@@ -26,6 +26,8 @@ def named_variables(layer, prefix=""):
         out[f"{prefix}{part}/kernel"] = dense.kernel
         if dense.bias is not None:
             out[f"{prefix}{part}/bias"] = dense.bias
+    for part in LAYOUT[kind].get("projections", ()):  # `Dense` sublayers `<part>`, no bias
+        out[f"{prefix}{part}/kernel"] = getattr(layer, part).kernel
     for part in LAYOUT[kind].get("norms", ()):
         out.update(_norm_variables(getattr(layer, part, None), f"{prefix}{part}/"))
     for part in LAYOUT[kind].get("weights", ()):

@@ -93,6 +93,7 @@ def test_mixtures_sparse_path_matches_transformers(converted, name):
     ("gemma2", {"attention_bias": True, "attn_logit_softcapping": None,
                 "final_logit_softcapping": None}),
     ("phi3", {"partial_rotary_factor": 0.5}),  # Phi-4-mini's partial rotary (0.75 there)
+    ("qwen3_5_text", {"attention_bias": True}),  # the gate's bias: q_proj.bias's second rows
     # Ministral 3's query scale over default RoPE: n read for the scale alone.
     ("ministral3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                         "original_max_position_embeddings": 4,
@@ -238,6 +239,21 @@ REFUSED = [
     ("deepseek_v3", {"first_k_dense_replace": -1}, "first_k_dense_replace"),
     ("deepseek_v3", {"norm_topk_prob": None}, "norm_topk_prob"),
     ("deepseek_v3", {"num_key_value_heads": 2}, "num_key_value_heads"),
+    # Issue 35: Qwen 3.5's hybrid stack.
+    ("qwen3_5_text", {"layer_types": ["linear_attention", "sliding_attention"] * 2},
+     "layer_types"),
+    ("qwen3_5_text", {"layer_types": ["linear_attention"] * 3}, "layer_types"),
+    ("qwen3_5_text", {"hidden_act": "gelu"}, "hidden_act"),
+    ("qwen3_5_text", {"linear_num_value_heads": 3}, "linear_num_value_heads"),
+    ("qwen3_5_text", {"linear_conv_kernel_dim": 0}, "linear_conv_kernel_dim"),
+    ("qwen3_5_text", {"attn_output_gate": False}, "attn_output_gate"),
+    ("qwen3_5_text", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                          "partial_rotary_factor": 0.5,
+                                          "mrope_section": "2,1,1"}},
+     "rope_parameters['mrope_section']"),
+    ("qwen3_5_text", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                          "partial_rotary_factor": 0.4375}},
+     "rope_parameters"),
 ]
 
 
@@ -271,6 +287,14 @@ CROSS = [
     ("deepseek_v3", {"kv_lora_rank": 8}, ["kv_lora_rank=8", "kv_a_proj_with_mqa.weight"]),
     ("deepseek_v3", {"drop": "model.layers.1.mlp.gate.e_score_correction_bias"},
      ["state_dict is missing", "model.layers.1.mlp.gate.e_score_correction_bias"]),
+    ("qwen3_5_text", {"linear_num_value_heads": 8},
+     ["linear_num_value_heads=8", "in_proj_qkv.weight"]),
+    ("qwen3_5_text", {"linear_conv_kernel_dim": 3},
+     ["linear_conv_kernel_dim=3", "conv1d.weight"]),
+    ("qwen3_5_text", {"head_dim": 8}, ["head_dim=8", "a query and a gate per head",
+                                       "q_proj.weight"]),
+    ("qwen3_5_text", {"layer_types": ["full_attention"] + ["linear_attention"] * 3},
+     ["model.layers.0.linear_attn"]),
 ]
 
 

@@ -1,0 +1,153 @@
+"""`model_type="qwen3_5_text"` (Qwen 3.5's language model, transformers 5.24's
+`Qwen3_5ForCausalLM`): a hybrid stack of Gated DeltaNet blocks and gated softmax blocks.
+
+`layer_types` says per layer "linear_attention" (`linear_attn`: a
+`keras_attn.layers.GatedDeltaNet` of `linear_num_key_heads` H_k, `linear_num_value_heads`
+H, `linear_key_head_dim`, `linear_value_head_dim` and `linear_conv_kernel_dim`, its norm's
+epsilon `rms_norm_eps`, the short convolution's activation `hidden_act`) or
+"full_attention" (`self_attn`); without it, every `full_attention_interval`-th layer (4) is
+full, as transformers derives it. The full layers' attention:
+
+- `q_proj` `(2 H d, D)` holds, per head, d query rows then d gate rows
+  (`q_proj(x).view(..., H, 2d).chunk(2)`): split on load into `q_proj` and the gate
+  (`MultiHeadAttention(use_gate=True)`: the attended values times `sigmoid(x W_g)` per head,
+  before `o_proj`), and joined back when written;
+- per-head RMS `q_norm` / `k_norm`, RoPE on the leading `partial_rotary_factor` of each head
+  (0.25 by default) with the halves pairing; the multimodal RoPE fields
+  (`rope_parameters['mrope_section']`, `['mrope_interleaved']`) recompose the frequencies
+  from the three position axes, which a text model's positions fill alike: the identity.
+
+Every RMSNorm of the blocks, the final norm and the qk-norms multiply by `1 + w`
+(`Qwen3_5RMSNorm`); the Gated DeltaNet's own gated norm by `w`.
+"""
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from keras_attn.convert import _common
+from keras_attn.convert._transformers_config import ModelSpec, _positive_int
+from keras_attn.convert.families import _shared
+
+MODEL_TYPE = "qwen3_5_text"
+_LINEAR = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+           "linear_num_key_heads", "linear_num_value_heads")
+FIELDS = {
+    "read": _shared.CORE_FIELDS + _LINEAR + (
+        "hidden_act", "rms_norm_eps", "attention_bias", "partial_rotary_factor",
+        "layer_types", "full_attention_interval"),
+    # The released configs say the attention output is gated; transformers always gates.
+    "neutral": {"attn_output_gate": (True,)},
+    "ignored": {
+        "mtp_num_hidden_layers": "the multi-token-prediction layers (`mtp.*`), which "
+                                 "transformers' Qwen3_5ForCausalLM neither builds nor loads",
+        "mtp_use_dedicated_embeddings": "as mtp_num_hidden_layers",
+    },
+}
+# Qwen3_5TextConfig's defaults for fields left out of a dict config.
+_DEFAULTS = {"num_key_value_heads": 4, "head_dim": 256, "linear_conv_kernel_dim": 4,
+             "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+             "linear_num_key_heads": 16, "linear_num_value_heads": 32}
+_TYPES = ("linear_attention", "full_attention")
+_MROPE = ("mrope_section", "mrope_interleaved")
+
+
+def _layer_types(config, num_layers):
+    types = config.get("layer_types")
+    if types is None:  # transformers' derivation: every n-th layer full
+        n = _positive_int(config, "full_attention_interval", 4)
+        types = ["linear_attention" if (i + 1) % n else "full_attention"
+                 for i in range(num_layers)]
+    if not isinstance(types, (list, tuple)) or len(types) != num_layers or any(
+            t not in _TYPES for t in types):
+        _shared.refuse("layer_types", types, f"one of {_TYPES} per layer "
+                       f"(num_hidden_layers={num_layers})")
+    return list(types)
+
+
+def _without_mrope(config):
+    """The config with the multimodal RoPE keys checked and taken out of its RoPE
+    parameters (an identity for text: see the module docstring)."""
+    for where in ("rope_parameters", "rope_scaling"):
+        params = config.get(where)
+        if not isinstance(params, Mapping) or not any(k in params for k in _MROPE):
+            continue
+        section = params.get("mrope_section")
+        if section is not None and (not isinstance(section, (list, tuple)) or not all(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in section)):
+            _shared.refuse(f"{where}['mrope_section']", section,
+                           "a list of non-negative ints is needed")
+        if params.get("mrope_interleaved") not in (None, True, False):
+            _shared.refuse(f"{where}['mrope_interleaved']", params["mrope_interleaved"],
+                           "True or False is needed")
+        config = {**config, where: {k: v for k, v in params.items() if k not in _MROPE}}
+    return config
+
+
+def spec(config):
+    # Qwen3_5TextConfig sets partial_rotary_factor 0.25 when absent (into rope_parameters).
+    config = _without_mrope({**_DEFAULTS, "partial_rotary_factor": 0.25, **config})
+    core = _shared.core(config, tie_default=False)
+    if core["activation"] != "silu":  # the linear layers' convolution uses it too
+        _shared.refuse("hidden_act", config.get("hidden_act"),
+                       "the Gated DeltaNet's short convolution is silu in keras_attn")
+    n = core["num_layers"]
+    types = _layer_types(config, n)
+    linear = dict(**{f: _positive_int(config, f) for f in _LINEAR},
+                  layer_norm_epsilon=core["epsilon"])
+    if linear["linear_num_value_heads"] % linear["linear_num_key_heads"]:
+        _shared.refuse("linear_num_value_heads", linear["linear_num_value_heads"],
+                       f"a multiple of linear_num_key_heads={linear['linear_num_key_heads']}"
+                       " is needed")
+    where = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    rope = _shared.check_rotary_width(_shared.rope_of(config, partial_rotary=True),
+                                      core["head_dim"], where)
+    layers = _shared.layer_specs(n, rope, qk_norm="rms", qk_norm_epsilon=core["epsilon"],
+                                 use_gate=True)
+    for layer, kind in zip(layers, types, strict=True):
+        if kind == "linear_attention":
+            layer.attention, layer.linear_attention = {}, dict(linear)
+    bias = bool(config.get("attention_bias", False))
+    return ModelSpec(
+        **core, qkv_bias=bias, output_bias=bias, mlp_bias=False, qk_norm=True,
+        final_logit_soft_cap=None, norm_offset=1.0, layers=layers)
+
+
+def _query_rows(spec):
+    return spec.num_heads, spec.head_dim, (
+        f"num_attention_heads={spec.num_heads}, head_dim={spec.head_dim} "
+        f"(2 * H * d = {2 * spec.num_heads * spec.head_dim}: a query and a gate per head)")
+
+
+def canonical_state_dict(entries, spec):
+    """Each full layer's `self_attn.q_proj` `(2 H d, D)` (and bias) split per head into
+    `q_proj` and `gate_proj` `(H d, D)`, the row count cross-checked against the config."""
+    H, d, fields = _query_rows(spec)
+    for key in [k for k in entries if isinstance(k, str)]:
+        if not key.endswith(("q_proj.weight", "q_proj.bias")):  # a model's, a layer's
+            continue
+        part = _common.to_numpy(entries.pop(key), f"state_dict entry {key!r}")
+        if part.shape[:1] != (2 * H * d,):
+            raise ValueError(
+                f"The config and the weights disagree: {fields} give {2 * H * d} rows for "
+                f"state_dict entry {key!r}, which has shape {_common.shape_text(part.shape)}.")
+        heads = part.reshape((H, 2 * d) + part.shape[1:])
+        rest = part.shape[1:]
+        entries[key] = heads[:, :d].reshape((H * d,) + rest)
+        cut = key.rindex("q_proj.")
+        entries[key[:cut] + "gate_proj." + key[cut + 7:]] = heads[:, d:].reshape((H * d,) + rest)
+    return entries
+
+
+def checkpoint_state_dict(tensors, spec):
+    """The inverse: `q_proj` and `gate_proj` interleaved per head back into `q_proj`."""
+    H, d, _ = _query_rows(spec)
+    tensors = dict(tensors)
+    for key in [k for k in tensors if k.endswith(("self_attn.gate_proj.weight",
+                                                  "self_attn.gate_proj.bias"))]:
+        gate = tensors.pop(key)
+        q_key = key.replace(".gate_proj.", ".q_proj.")
+        q, rest = tensors[q_key], gate.shape[1:]
+        joined = np.concatenate([q.reshape((H, d) + rest), gate.reshape((H, d) + rest)], axis=1)
+        tensors[q_key] = joined.reshape((2 * H * d,) + rest)
+    return tensors
