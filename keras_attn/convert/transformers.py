@@ -7,7 +7,7 @@ Families (`config.model_type`): `llama`, `mistral`, `qwen2`, `qwen3`,
 `MixtureOfExperts` per block, from `mlp.gate.weight` and the fused
 `mlp.experts.gate_up_proj` / `down_proj`, with gpt-oss's biases `mlp.gate.bias`,
 `gate_up_proj_bias`, `down_proj_bias` after its `canonical_state_dict`; DeepSeek V3's
-shared expert and correction bias through `keras_attn.convert._shared_experts`, its latent
+shared expert and correction bias, through `keras_attn.convert._experts`; its latent
 attention, `self_attn.q_a_proj` ..., through `keras_attn.convert.latent_attention`'s map),
 `qwen3_5_text` (a hybrid stack: its "linear_attention" layers' `linear_attn` a
 `GatedDeltaNet`, mapped by `keras_attn.convert.gated_deltanet`; its gated attention's
@@ -56,7 +56,7 @@ import numpy as np
 from keras_attn.convert import _common, families, gated_deltanet, pretrained
 from keras_attn.convert import latent_attention as _latent
 from keras_attn.convert._common import cross_check as _cross_check
-from keras_attn.convert._shared_experts import shared_experts_plan
+from keras_attn.convert._experts import experts_plan, shared_experts_plan
 from keras_attn.convert._transformers_config import ModelSpec, family_table, read_config
 from keras_attn.layers._common import gelu_approximate
 from keras_attn.layers.gated_deltanet import GatedDeltaNet
@@ -198,54 +198,6 @@ def _block(spec: ModelSpec, index, name=None, dtype=None):
         name=name, dtype=dtype, **attention, **feed_forward, **_block_options(spec))
 
 
-def _experts_plan(entries, spec: ModelSpec, moe, sub, check):
-    """A mixture of experts' entries: transformers 5's `mlp.gate.weight` (E, D) and the
-    fused `mlp.experts.gate_up_proj` (E, 2F, D, gate rows first) and `down_proj` (E, D, F),
-    cross-checked against the config, onto `MixtureOfExperts`' kernels."""
-    D, E, F = spec.hidden_dim, moe.num_experts, moe.intermediate_dim
-    sizes = (f"num_experts={E}, the experts' F={F} (Mixtral's and gpt-oss's "
-             f"intermediate_size, Qwen3-MoE's moe_intermediate_size), hidden_size={D}")
-    router = check(entries, sub + "mlp.gate.weight", (E, D), "(E, D)", sizes)
-    gate_up = check(entries, sub + "mlp.experts.gate_up_proj", (E, 2 * F, D), "(E, 2F, D)",
-                    sizes)
-    down = check(entries, sub + "mlp.experts.down_proj", (E, D, F), "(E, D, F)", sizes)
-    return [(moe.router_kernel, router.T, "mlp.gate weight"),
-            (moe.gate_kernel, gate_up[:, :F].transpose(0, 2, 1), "mlp.experts.gate_up_proj"),
-            (moe.intermediate_kernel, gate_up[:, F:].transpose(0, 2, 1),
-             "mlp.experts.gate_up_proj"),
-            (moe.output_kernel, down.transpose(0, 2, 1), "mlp.experts.down_proj")
-            ] + _expert_biases_plan(entries, moe, sub, check, sizes)
-
-
-def _expert_biases_plan(entries, moe, sub, check, sizes):
-    """The router's bias `mlp.gate.bias` (E,) where `use_router_bias`, the experts'
-    `gate_up_proj_bias` (E, 2F, `[gate; up]`) and `down_proj_bias` (E, D) where
-    `use_expert_bias` (gpt-oss, in this layout after its `canonical_state_dict`); an
-    entry the layer has no weight for is refused."""
-    D, E, F = moe.output_kernel.shape[-1], moe.num_experts, moe.intermediate_dim
-    plan = []
-    parts = [(moe.use_router_bias, "mlp.gate.bias", "use_router_bias")]
-    parts += [(moe.use_expert_bias, f"mlp.experts.{n}", "use_expert_bias")
-              for n in ("gate_up_proj_bias", "down_proj_bias")]
-    for used, name, flag in parts:
-        if not used:
-            if entries.has(sub + name):
-                raise ValueError(f"The config and the weights disagree: the family's experts "
-                                 f"have no such bias ({flag}=False), but state_dict has "
-                                 f"{entries.key(sub + name)}.")
-            continue
-        if name == "mlp.gate.bias":
-            plan.append((moe.router_bias, check(entries, sub + name, (E,), "(E,)", sizes),
-                         "mlp.gate bias"))
-        elif name.endswith("gate_up_proj_bias"):
-            b = check(entries, sub + name, (E, 2 * F), "(E, 2F)", sizes)
-            plan += [(moe.gate_bias, b[:, :F], name), (moe.intermediate_bias, b[:, F:], name)]
-        else:
-            plan.append((moe.output_bias, check(entries, sub + name, (E, D), "(E, D)", sizes),
-                         name))
-    return plan
-
-
 def _block_options(spec):
     """The block keywords newer than the first families' (set only when used)."""
     options = {}
@@ -322,7 +274,7 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
         plan = _attention_plan(entries, spec, block.self_attention, sub + "self_attn.", check)
     ff = block.feed_forward
     if isinstance(ff, MixtureOfExperts):
-        plan += _experts_plan(entries, spec, ff, sub, check)
+        plan += experts_plan(entries, spec, ff, sub, check)
         plan += shared_experts_plan(entries, spec, ff, sub, check)
         return plan + _block_norms_plan(entries, spec, block, sub, check)
     sizes = f"intermediate_size={F}, hidden_size={D}"

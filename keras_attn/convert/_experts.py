@@ -1,0 +1,100 @@
+"""The entries of a transformers mixture of experts onto `keras_attn.MixtureOfExperts`'
+weights: the router and the routed experts (`experts_plan`: transformers 5's fused layout,
+with gpt-oss's biases), and what lies beyond them (`shared_experts_plan`: the shared
+expert and the router's correction bias of DeepSeek V3's `DeepseekV3MoE`), onto the
+`shared_*` kernels and `router_correction_bias`.
+
+Read only where the layer has them (a shared expert: `shared_intermediate_dim`; the bias:
+`routing="sigmoid_group_topk"`); an entry the layer has no weight for is left unread, so the
+converter's `check_all_used` refuses it by name. A torch `Linear` weight `(out, in)` is the
+Keras kernel transposed.
+
+| transformers entry (under `model.layers.{i}.`) | `MixtureOfExperts` weight    | shape    |
+|------------------------------------------------|------------------------------|----------|
+| `mlp.shared_experts.gate_proj.weight` `(S, D)` | `shared_gate_kernel`         | `(D, S)` |
+| `mlp.shared_experts.up_proj.weight` `(S, D)`   | `shared_intermediate_kernel` | `(D, S)` |
+| `mlp.shared_experts.down_proj.weight` `(D, S)` | `shared_output_kernel`       | `(S, D)` |
+| `mlp.shared_expert_gate.weight` `(1, D)`       | `shared_expert_gate_kernel`  | `(D, 1)` |
+| `mlp.gate.e_score_correction_bias` `(E,)`      | `router_correction_bias`     | `(E,)`   |
+"""
+
+__all__ = ["experts_plan", "shared_experts_plan"]
+
+# DeepSeek V3's name for the shared expert's MLP (`DeepseekV3MoE.shared_experts`).
+SHARED_PREFIX = "mlp.shared_experts."
+
+
+def shared_experts_plan(entries, spec, moe, sub, check, shared_prefix=SHARED_PREFIX):
+    """`[(variable, array, what)]` for `moe`'s shared expert and correction bias, each entry
+    under `sub` read by `check(entries, name, shape, letters, fields)` (its shape checked
+    against the config's fields)."""
+    D, E = spec.hidden_dim, moe.num_experts
+    plan = []
+    S = moe.shared_intermediate_dim
+    if S:
+        sizes = (f"the shared expert's S={S} (DeepSeek V3's n_shared_experts * "
+                 f"moe_intermediate_size), hidden_size={D}")
+        for part, kernel, shape, letters in (
+                ("gate_proj", moe.shared_gate_kernel, (S, D), "(S, D)"),
+                ("up_proj", moe.shared_intermediate_kernel, (S, D), "(S, D)"),
+                ("down_proj", moe.shared_output_kernel, (D, S), "(D, S)")):
+            name = f"{sub}{shared_prefix}{part}.weight"
+            plan.append((kernel, check(entries, name, shape, letters, sizes).T,
+                         f"{shared_prefix}{part} weight"))
+        if moe.shared_expert_gate:
+            w = check(entries, f"{sub}mlp.shared_expert_gate.weight", (1, D), "(1, D)",
+                      f"hidden_size={D}")
+            plan.append((moe.shared_expert_gate_kernel, w.T, "mlp.shared_expert_gate weight"))
+    if getattr(moe, "router_correction_bias", None) is not None:
+        bias = check(entries, f"{sub}mlp.gate.e_score_correction_bias", (E,), "(E,)",
+                     f"n_routed_experts={E}")
+        plan.append((moe.router_correction_bias, bias, "mlp.gate.e_score_correction_bias"))
+    return plan
+
+
+def experts_plan(entries, spec, moe, sub, check):
+    """A mixture of experts' entries: transformers 5's `mlp.gate.weight` (E, D) and the
+    fused `mlp.experts.gate_up_proj` (E, 2F, D, gate rows first) and `down_proj` (E, D, F),
+    cross-checked against the config, onto `MixtureOfExperts`' kernels."""
+    D, E, F = spec.hidden_dim, moe.num_experts, moe.intermediate_dim
+    sizes = (f"num_experts={E}, the experts' F={F} (Mixtral's and gpt-oss's "
+             f"intermediate_size, Qwen3-MoE's moe_intermediate_size), hidden_size={D}")
+    router = check(entries, sub + "mlp.gate.weight", (E, D), "(E, D)", sizes)
+    gate_up = check(entries, sub + "mlp.experts.gate_up_proj", (E, 2 * F, D), "(E, 2F, D)",
+                    sizes)
+    down = check(entries, sub + "mlp.experts.down_proj", (E, D, F), "(E, D, F)", sizes)
+    return [(moe.router_kernel, router.T, "mlp.gate weight"),
+            (moe.gate_kernel, gate_up[:, :F].transpose(0, 2, 1), "mlp.experts.gate_up_proj"),
+            (moe.intermediate_kernel, gate_up[:, F:].transpose(0, 2, 1),
+             "mlp.experts.gate_up_proj"),
+            (moe.output_kernel, down.transpose(0, 2, 1), "mlp.experts.down_proj")
+            ] + _expert_biases_plan(entries, moe, sub, check, sizes)
+
+
+def _expert_biases_plan(entries, moe, sub, check, sizes):
+    """The router's bias `mlp.gate.bias` (E,) where `use_router_bias`, the experts'
+    `gate_up_proj_bias` (E, 2F, `[gate; up]`) and `down_proj_bias` (E, D) where
+    `use_expert_bias` (gpt-oss, in this layout after its `canonical_state_dict`); an
+    entry the layer has no weight for is refused."""
+    D, E, F = moe.output_kernel.shape[-1], moe.num_experts, moe.intermediate_dim
+    plan = []
+    parts = [(moe.use_router_bias, "mlp.gate.bias", "use_router_bias")]
+    parts += [(moe.use_expert_bias, f"mlp.experts.{n}", "use_expert_bias")
+              for n in ("gate_up_proj_bias", "down_proj_bias")]
+    for used, name, flag in parts:
+        if not used:
+            if entries.has(sub + name):
+                raise ValueError(f"The config and the weights disagree: the family's experts "
+                                 f"have no such bias ({flag}=False), but state_dict has "
+                                 f"{entries.key(sub + name)}.")
+            continue
+        if name == "mlp.gate.bias":
+            plan.append((moe.router_bias, check(entries, sub + name, (E,), "(E,)", sizes),
+                         "mlp.gate bias"))
+        elif name.endswith("gate_up_proj_bias"):
+            b = check(entries, sub + name, (E, 2 * F), "(E, 2F)", sizes)
+            plan += [(moe.gate_bias, b[:, :F], name), (moe.intermediate_bias, b[:, F:], name)]
+        else:
+            plan.append((moe.output_bias, check(entries, sub + name, (E, D), "(E, D)", sizes),
+                         name))
+    return plan
