@@ -186,12 +186,30 @@ def main(argv=None):
     return run_command(name, rest, quiet=quiet)
 
 
+# Whether `run_command` drops Abseil's start-up lines (the front door's `quiet`), which
+# `set_random_seed` reads.
+_quiet = False
+
+
+def set_random_seed(seed):
+    """`keras.utils.set_random_seed(seed)` for the commands, quiet as the front door is.
+
+    Keras seeds TensorFlow too whenever it is installed, importing it on every backend:
+    under JAX or PyTorch that printed TensorFlow's Abseil start-up lines (issue 38).
+    """
+    keras = importlib.import_module("keras")
+    with _without_native_start_up_logs() if _quiet else contextlib.nullcontext():
+        keras.utils.set_random_seed(seed)
+
+
 def run_command(name, argv, quiet=False):
     """Parse `argv` with the command's own parser and run it; returns the exit status.
 
     Importing the command's module imports Keras (with the backend `main` checked);
     `quiet`: drop Abseil's start-up lines from stderr meanwhile.
     """
+    global _quiet
+    _quiet = quiet
     module_name, help_text = COMMANDS[name]
     if module_name is None:
         raise ValueError(f"`keras-attn {name}` runs in `main`, not here. Received: name={name!r}")

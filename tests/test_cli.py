@@ -196,8 +196,13 @@ def test_abseil_start_up_lines_are_dropped_and_the_rest_of_stderr_kept(capfd):
 
 @pytest.mark.skipif("tensorflow" not in cli.installed_backends(),
                     reason="needs TensorFlow, whose start-up logs are the ones hidden")
-def test_tensorflow_starts_quietly(tmp_path):
-    done = _front_door(tmp_path, "example", block=(), env={"KERAS_BACKEND": "tensorflow"})
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+def test_every_backend_starts_quietly(tmp_path, backend):
+    """With TensorFlow installed, Keras's `set_random_seed` imports it on every backend
+    (to seed it too): under JAX and PyTorch its start-up lines came through (issue 38)."""
+    if backend not in cli.installed_backends():
+        pytest.skip(f"needs {backend} too")
+    done = _front_door(tmp_path, "example", block=(), env={"KERAS_BACKEND": backend})
     assert done.returncode == 0, done.stderr
     assert "logits" in done.stdout
     for noise in ("absl::InitializeLog", "cpu_feature_guard", "I0000", "E0000", "oneDNN"):

@@ -144,7 +144,7 @@ def run(args):
 
     import keras
 
-    from keras_attn import _device
+    from keras_attn import _device, cli
     from keras_attn.demo.data import VOCAB_SIZE, decode_tokens, make_split
     from keras_attn.demo.decode import cached_decode, exact_match, greedy_decode
     from keras_attn.demo.model import build_model, compile_for_training, learning_rate_schedule
@@ -186,7 +186,7 @@ def run(args):
     _device.single_cpu_thread_for_small_ops()
     if args.task == "add":
         return run_add(args, _fail)
-    keras.utils.set_random_seed(args.seed)
+    cli.set_random_seed(args.seed)  # quiet: Keras imports TensorFlow to seed it
     try:
         train, test = make_split(args.task, args.num_train, args.num_test, min_length,
                                  args.max_length, args.seed)
