@@ -455,8 +455,11 @@ class CausalLM(keras.Model):
         top_k = check_positive_int("top_k", top_k, allow_none=True)
         options = {"end_token_id": list(stops) or None, "temperature": float(temperature),
                    "top_k": top_k, "seed": int(seed) if sampling else None}
-        key = (max_length, stops, options["temperature"], top_k, options["seed"],
-               bool(jit_compile), step is not None)
+        # The prompt's shape is part of the key: a loop traced for one (B, P) and called
+        # with another is retraced by TensorFlow with the batch relaxed to None, which the
+        # caches cannot size (generate on (2, 4) then (1, 4) raised, issue 38).
+        key = (tuple(prompt.shape), max_length, stops, options["temperature"], top_k,
+               options["seed"], bool(jit_compile), step is not None)
         loops = loops_of(self)
         if key not in loops:
             loops[key] = _GenerateLoop(self, max_length, options, bool(jit_compile), step)

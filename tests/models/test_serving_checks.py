@@ -69,3 +69,12 @@ def test_a_quantized_model_is_refused_when_saved_not_when_used(tmp_path):
                                          r"Received: quantization_mode='int8'"):
         lm.save(str(tmp_path / "quantized.keras"))
     assert not (tmp_path / "quantized.keras").exists()
+
+
+def test_generate_takes_a_second_batch_size_with_the_same_max_length(lm):
+    """Before, on TensorFlow: `generate` on (2, 4) then (1, 4) raised "batch_size must be a
+    positive integer. Received: batch_size=None" (one kept loop per max_length, retraced
+    with the batch relaxed). Each shape decodes as it does alone: greedy is deterministic."""
+    first = np.asarray(lm.generate(np.array([[1, 2, 3, 4], [5, 6, 7, 8]], "int32"), 7))
+    second = np.asarray(lm.generate(np.array([[5, 6, 7, 8]], "int32"), 7))
+    np.testing.assert_array_equal(second[0], first[1])
