@@ -7,7 +7,11 @@ from keras_attn import _hooks
 from keras_attn.cache import empty_cache
 from keras_attn.generation import generate as generate_tokens
 
-__all__ = ["cache_recompute_lengths", "loops_of", "set_step_tracer", "traced_step_of"]
+__all__ = ["cache_recompute_lengths", "forget_if_changed", "loops_of", "set_step_tracer",
+           "traced_step_of"]
+
+# The attribute values a kept loop may have captured (read by `call` at trace time).
+_PLAIN = (bool, int, float, str, type(None))
 
 
 def cache_recompute_lengths(lm):
@@ -86,11 +90,44 @@ class _GenerateLoop(keras.Model):
 class _Loops:
     """A model's `{settings: _GenerateLoop}` and its traced decoding step, in a plain
     object: Keras's saving walks a model's attributes and would save a dict or list of
-    models in it (and a module-level map would keep every model alive through its loop)."""
+    models in it (and a module-level map would keep every model alive through its loop);
+    and the model's state they were made for (`model_state`)."""
 
     def __init__(self):
         self.loops = {}
         self.step = None
+        self.state = None
+
+
+def model_state(lm):
+    """What a kept loop (or traced step) may have captured besides the variables' values:
+    which variables there are (`enable_lora` adds some, `quantize` replaces kernels), and
+    the plain public attributes (numbers, strings, bools, None; frozen option objects) of
+    the model and every layer in it, which `call` reads as constants while it is traced."""
+    variables = tuple(id(v) for v in lm.variables)
+    attributes = []
+    for layer in (lm, *lm._flatten_layers(include_self=False)):
+        for name, value in vars(layer).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, _PLAIN) or getattr(value, "__dataclass_params__", None) and (
+                    value.__dataclass_params__.frozen):
+                attributes.append((id(layer), name, value))
+    return variables, tuple(attributes)
+
+
+def forget_if_changed(lm):
+    """Drop `lm`'s kept loops and traced step when its state (`model_state`) is not the one
+    they were made for: on TensorFlow a kept `tf.function`, and on JAX a traced loop,
+    decoded the model as it was at the first call (after `enable_lora`, `quantize`, or
+    `lm.final_logit_soft_cap = ...`: issue 38); PyTorch mixed an eager prefill of the new
+    model with a traced step of the old."""
+    holder = _holder(lm)
+    state = model_state(lm)
+    if holder.state != state:
+        holder.loops.clear()
+        holder.step = None
+        holder.state = state
 
 
 def _holder(lm):

@@ -18,6 +18,7 @@ from keras_attn.models._generate_loop import (
     _empty_caches,
     _GenerateLoop,
     cache_recompute_lengths,
+    forget_if_changed,
     loops_of,
     traced_step_of,
 )
@@ -439,6 +440,7 @@ class CausalLM(keras.Model):
         if jit_compile not in ("auto", True, False):
             raise ValueError(f"`jit_compile` must be 'auto', True or False. Received: "
                              f"jit_compile={jit_compile!r}")
+        forget_if_changed(self)  # kept loops of a model since changed decode the old one
         # "auto" on a backend with a step tracer (PyTorch): the traced decoding step.
         step = traced_step_of(self) if jit_compile == "auto" else None
         jit_compile = _default_jit_compile() if jit_compile == "auto" else jit_compile

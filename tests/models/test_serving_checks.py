@@ -78,3 +78,40 @@ def test_generate_takes_a_second_batch_size_with_the_same_max_length(lm):
     first = np.asarray(lm.generate(np.array([[1, 2, 3, 4], [5, 6, 7, 8]], "int32"), 7))
     second = np.asarray(lm.generate(np.array([[5, 6, 7, 8]], "int32"), 7))
     np.testing.assert_array_equal(second[0], first[1])
+
+
+def _enable_lora(lm):
+    for layer in lm._flatten_layers():
+        if isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense)):
+            layer.enable_lora(2)
+    rng = np.random.default_rng(0)
+    for variable in lm.variables:  # A and B from NumPy (B as after fine-tuning: not zero)
+        if "lora_kernel" in variable.path:
+            variable.assign(rng.normal(0.0, 1.0, variable.shape))
+
+
+@pytest.mark.parametrize("change", ["attribute", "lora", "quantize"])
+def test_generate_decodes_the_model_as_it_is_now(change):
+    """Before: the kept compiled loop decoded the model as it was at the first call:
+    after `lm.embedding_scale = ...` on every backend (PyTorch's traced step too), after
+    LoRA with a non-zero B or `quantize("int8")` on TensorFlow. Now each generate equals
+    greedy decoding by uncached forwards of the current model."""
+    from keras_attn.testing.weights import randomize_weights
+
+    from ..helpers import assert_greedy_over_uncached
+
+    lm = _lm()
+    randomize_weights(lm, seed=3, scale=1.0)
+    ids = np.array([[1, 2, 3], [4, 5, 6]], "int32")
+    before = np.asarray(lm.generate(ids, max_length=10))
+    assert_greedy_over_uncached(lm, before, 3)
+    if change == "attribute":
+        lm.embedding_scale = 5.0
+    elif change == "lora":
+        _enable_lora(lm)
+    else:
+        lm.quantize("int8")
+    after = np.asarray(lm.generate(ids, max_length=10))
+    assert_greedy_over_uncached(lm, after, 3)
+    if change != "quantize":  # the ablation: the change matters (int8 may keep the argmax)
+        assert not np.array_equal(after, before)
