@@ -275,7 +275,8 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
     ff = block.feed_forward
     if isinstance(ff, MixtureOfExperts):
         plan += experts_plan(entries, spec, ff, sub, check)
-        plan += shared_experts_plan(entries, spec, ff, sub, check)
+        plan += shared_experts_plan(entries, spec, ff, sub, check,
+                                    shared_prefix=spec.shared_expert_prefix)
         return plan + _block_norms_plan(entries, spec, block, sub, check)
     sizes = f"intermediate_size={F}, hidden_size={D}"
     if F != spec.intermediate_dim:
