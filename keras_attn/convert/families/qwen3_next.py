@@ -203,3 +203,26 @@ def canonical_state_dict(entries, spec):
     cross-checked against the config."""
     entries = _split_linear(entries, spec)
     return _shared.split_query_gate(entries, spec.num_heads, spec.head_dim)
+
+
+def checkpoint_state_dict(tensors, spec):
+    """The inverse (`CausalLM.save_pretrained`): `in_proj_qkv` / `in_proj_z` and
+    `in_proj_b` / `in_proj_a` fused back per key head, `q_proj` and `gate_proj` interleaved
+    per head back into `q_proj`."""
+    tensors = _shared.join_query_gate(tensors, spec.num_heads, spec.head_dim)
+    keys = [k for k in tensors if k.endswith("linear_attn.in_proj_qkv.weight")]
+    if not keys:
+        return tensors
+    H_k, r, d_k, d_v = _linear_sizes(spec)
+    for key in keys:
+        prefix = key[:-len("in_proj_qkv.weight")]
+        qkv, z = tensors.pop(key), tensors.pop(prefix + "in_proj_z.weight")
+        D = qkv.shape[1]
+        q, k, v = np.split(qkv, [H_k * d_k, 2 * H_k * d_k])
+        tensors[prefix + "in_proj_qkvz.weight"] = np.concatenate(
+            [q.reshape(H_k, d_k, D), k.reshape(H_k, d_k, D), v.reshape(H_k, r * d_v, D),
+             z.reshape(H_k, r * d_v, D)], axis=1).reshape(-1, D)
+        b, a = tensors.pop(prefix + "in_proj_b.weight"), tensors.pop(prefix + "in_proj_a.weight")
+        tensors[prefix + "in_proj_ba.weight"] = np.concatenate(
+            [b.reshape(H_k, r, D), a.reshape(H_k, r, D)], axis=1).reshape(-1, D)
+    return tensors
