@@ -120,8 +120,13 @@ def test_config_json_and_numpy_state_dict(converted):
     again = convert.causal_lm_from_transformers(config, state)
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(again(ids)),
                                   keras.ops.convert_to_numpy(lm(ids)))
-    # Without layer_types, transformers' derivation (every 4th layer full) is read.
+    # Without layer_types, transformers' derivation (every 4th layer full) is read; the
+    # released config.json's older RoPE fields (rope_theta, a top-level
+    # partial_rotary_factor, rope_scaling null) are read as rope_parameters.
     del config["layer_types"]
+    rope = config.pop("rope_parameters")
+    config.update(rope_theta=rope["rope_theta"], rope_scaling=None,
+                  partial_rotary_factor=rope["partial_rotary_factor"])
     derived = convert.causal_lm_from_transformers(config, state)
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(derived(ids)),
                                   keras.ops.convert_to_numpy(lm(ids)))
