@@ -317,6 +317,7 @@ CROSS = [
      ["S=16", "shared_expert_intermediate_size", "mlp.shared_expert.gate_proj.weight"]),
     ("qwen3_next", {"moe_intermediate_size": 32}, ["F=32", "gate_up_proj"]),
     ("qwen3_next", {"mlp_only_layers": []}, ["model.layers.0.mlp.gate.weight"]),
+    ("qwen3_next", {"layer_types": ["full_attention"] * 4}, ["model.layers.0.self_attn"]),
 ]
 
 

@@ -170,8 +170,8 @@ def _split_linear(entries, spec):
     """Each `in_proj_qkvz` / `in_proj_ba` split per key head (see the module docstring)."""
     keys = [k for k in entries if isinstance(k, str)
             and k.endswith(("in_proj_qkvz.weight", "in_proj_ba.weight"))]
-    if not keys:
-        return entries
+    if not keys or all(layer.linear_attention is None for layer in spec.layers):
+        return entries  # none to split (an entry no layer reads is refused by name)
     H_k, r, d_k, d_v = _linear_sizes(spec)
     heads = (f"linear_num_key_heads={H_k}, linear_num_value_heads={H_k * r}, "
              f"linear_key_head_dim={d_k}, linear_value_head_dim={d_v}")
