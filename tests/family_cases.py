@@ -261,6 +261,24 @@ CASES = {
                          "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
                          "mrope_interleaved": True}),
         30, ("decay removed: A_log -> -30", "variables", {"A_log": -30.0})),
+    # Qwen3-Next (issue 35): Qwen 3.5's hybrid stack (3 Gated DeltaNet layers, their
+    # q/k/v/z and b/a projections fused per key head, then a gated softmax one; partial
+    # rotary 0.5 of d = 16) with a mixture in every layer but layer 0 (mlp_only_layers):
+    # 4 experts of F = 24, top-2, renormalised, plus a shared expert of S = 32 times its
+    # sigmoid gate. Seed 37: every router's second and third logits differ by more than
+    # 1e-2 (0.038 at least; tests/convert/test_qwen3_next.py asserts it). Ablation: the shared expert's gate
+    # removed (its kernel zeroed: sigmoid(0) = 1/2 for every token).
+    "qwen3_next": ("Qwen3NextConfig", dict(
+        num_hidden_layers=4, head_dim=16, tie_word_embeddings=False,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=12, linear_conv_kernel_dim=4, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=32,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                         "partial_rotary_factor": 0.5}),
+        37, ("shared expert's gate removed (its kernel zeroed: 1/2)", "zero_variables",
+             {"names": ("shared_expert_gate_kernel",)})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,
@@ -275,7 +293,8 @@ def config_kwargs(name, small=False):
         if "head_dim" in kwargs:
             kwargs["head_dim"] = 8 if name != "qwen3" else 12
         if "layer_types" in kwargs:  # the hybrid's: one linear layer, one full
-            kwargs["layer_types"] = (kwargs["layer_types"][-2:] if name == "qwen3_5_text"
+            kwargs["layer_types"] = (kwargs["layer_types"][-2:]
+                                     if name in ("qwen3_5_text", "qwen3_next")
                                      else kwargs["layer_types"][:2])
         if "sliding_window" in kwargs:
             kwargs["sliding_window"] = 4

@@ -33,7 +33,8 @@ def shared_experts_plan(entries, spec, moe, sub, check, shared_prefix=SHARED_PRE
     S = moe.shared_intermediate_dim
     if S:
         sizes = (f"the shared expert's S={S} (DeepSeek V3's n_shared_experts * "
-                 f"moe_intermediate_size), hidden_size={D}")
+                 f"moe_intermediate_size, Qwen3-Next's shared_expert_intermediate_size), "
+                 f"hidden_size={D}")
         for part, kernel, shape, letters in (
                 ("gate_proj", moe.shared_gate_kernel, (S, D), "(S, D)"),
                 ("up_proj", moe.shared_intermediate_kernel, (S, D), "(S, D)"),

@@ -122,6 +122,9 @@ class ModelSpec:
     # latent attention (DeepSeek V3: `self_attn.q_a_proj`, `kv_a_proj_with_mqa`, ...), or
     # None: `MultiHeadAttention` from the sizes above.
     latent_attention: dict[str, Any] | None = None
+    # Where a mixture's shared expert lies under a layer (DeepSeek V3's `mlp.shared_experts.`,
+    # Qwen3-Next's `mlp.shared_expert.`).
+    shared_expert_prefix: str = "mlp.shared_experts."
 
     def layer_head_dim(self, index):
         """d of layer `index` (its own, or the model's `head_dim`)."""

@@ -11,7 +11,9 @@ shared expert and correction bias, through `keras_attn.convert._experts`; its la
 attention, `self_attn.q_a_proj` ..., through `keras_attn.convert.latent_attention`'s map),
 `qwen3_5_text` (a hybrid stack: its "linear_attention" layers' `linear_attn` a
 `GatedDeltaNet`, mapped by `keras_attn.convert.gated_deltanet`; its gated attention's
-`self_attn.gate_proj`, split from `q_proj` by the family, to `self_attention.gate_dense`)
+`self_attn.gate_proj`, split from `q_proj` by the family, to `self_attention.gate_dense`),
+`qwen3_next` (the same, its fused `in_proj_qkvz` / `in_proj_ba` split by the family; its
+mixtures' shared expert under `ModelSpec.shared_expert_prefix`, `mlp.shared_expert.`)
 (`deepseek_v32` and
 `deepseek_v4` are refused as `families.REFUSED` says), each a module of
 `keras_attn.convert.families` (its fields, its spec, and its own weight names renamed or
@@ -275,7 +277,8 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
     ff = block.feed_forward
     if isinstance(ff, MixtureOfExperts):
         plan += experts_plan(entries, spec, ff, sub, check)
-        plan += shared_experts_plan(entries, spec, ff, sub, check)
+        plan += shared_experts_plan(entries, spec, ff, sub, check,
+                                    shared_prefix=spec.shared_expert_prefix)
         return plan + _block_norms_plan(entries, spec, block, sub, check)
     sizes = f"intermediate_size={F}, hidden_size={D}"
     if F != spec.intermediate_dim:

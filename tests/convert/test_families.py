@@ -254,6 +254,18 @@ REFUSED = [
     ("qwen3_5_text", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                           "partial_rotary_factor": 0.4375}},
      "rope_parameters"),
+    # Qwen3-Next: the hybrid stack's and the mixture's fields.
+    ("qwen3_next", {"layer_types": ["linear_attention", "sliding_attention"] * 2},
+     "layer_types"),
+    ("qwen3_next", {"hidden_act": "gelu"}, "hidden_act"),
+    ("qwen3_next", {"linear_num_value_heads": 3}, "linear_num_value_heads"),
+    ("qwen3_next", {"num_experts_per_tok": 5}, "num_experts_per_tok"),
+    ("qwen3_next", {"num_experts": -1}, "num_experts"),
+    ("qwen3_next", {"norm_topk_prob": None}, "norm_topk_prob"),
+    ("qwen3_next", {"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size"),
+    ("qwen3_next", {"mlp_only_layers": [4]}, "mlp_only_layers"),
+    ("qwen3_next", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
+    ("qwen3_next", {"attn_output_gate": False}, "attn_output_gate"),
 ]
 
 
@@ -295,6 +307,17 @@ CROSS = [
                                        "q_proj.weight"]),
     ("qwen3_5_text", {"layer_types": ["full_attention"] + ["linear_attention"] * 3},
      ["model.layers.0.linear_attn"]),
+    ("qwen3_next", {"linear_num_value_heads": 8},
+     ["linear_num_value_heads=8", "in_proj_qkvz.weight"]),
+    ("qwen3_next", {"linear_num_key_heads": 4},
+     ["linear_num_key_heads=4", "H_k (2 d_k + 2 r d_v) = 160", "in_proj_qkvz.weight"]),
+    ("qwen3_next", {"head_dim": 8}, ["head_dim=8", "a query and a gate per head",
+                                     "q_proj.weight"]),
+    ("qwen3_next", {"shared_expert_intermediate_size": 16},
+     ["S=16", "shared_expert_intermediate_size", "mlp.shared_expert.gate_proj.weight"]),
+    ("qwen3_next", {"moe_intermediate_size": 32}, ["F=32", "gate_up_proj"]),
+    ("qwen3_next", {"mlp_only_layers": []}, ["model.layers.0.mlp.gate.weight"]),
+    ("qwen3_next", {"layer_types": ["full_attention"] * 4}, ["model.layers.0.self_attn"]),
 ]
 
 

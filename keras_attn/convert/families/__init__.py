@@ -36,7 +36,7 @@ _MODULES = {name: name for name in (
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
     "starcoder2", "gemma", "phi3", "granite", "ministral", "smollm3", "glm4",
     "ministral3", "gpt_oss", "gemma4_text", "deepseek_v3", "olmo2", "olmo3", "exaone4",
-    "cohere2", "gpt2", "mixtral", "qwen3_moe", "qwen3_5_text")}
+    "cohere2", "gpt2", "mixtral", "qwen3_moe", "qwen3_5_text", "qwen3_next")}
 
 
 # model_type -> why it is refused (known to keras_attn, deliberately not converted).

@@ -22,7 +22,8 @@ from keras_attn.convert._transformers_config import (
 )
 
 __all__ = ["check_rotary_width", "checked_layer_types", "core", "every_nth_full",
-           "layer_specs", "layer_types", "refuse", "rope_of", "sliding_windows", "split_gate_up", "window_of",
+           "join_query_gate", "layer_specs", "layer_types", "refuse", "rope_of",
+           "sliding_windows", "split_gate_up", "split_query_gate", "window_of",
            "windows_from_max_window_layers"]
 
 refuse = _refuse
@@ -180,3 +181,50 @@ def split_gate_up(entries, intermediate_dim):
             gate, up = np.split(part, 2, axis=0)
             entries.update({prefix + "gate_proj.weight": gate, prefix + "up_proj.weight": up})
     return entries
+
+
+def _query_rows(num_heads, head_dim):
+    return (f"num_attention_heads={num_heads}, head_dim={head_dim} (2 * H * d = "
+            f"{2 * num_heads * head_dim}: a query and a gate per head)")
+
+
+def split_query_gate(entries, num_heads, head_dim):
+    """Each gated attention's `q_proj` `(2 H d, D)` (and bias) of `entries` (a dict) split
+    per head into `q_proj` and `gate_proj` `(H d, D)` (transformers'
+    `q_proj(x).view(..., H, 2d).chunk(2)`: per head, d query rows then d gate rows), the
+    row count cross-checked against the config (Qwen 3.5, Qwen3-Next)."""
+    from keras_attn.convert import _common
+
+    H, d = num_heads, head_dim
+    for key in [k for k in entries if isinstance(k, str)]:
+        if not key.endswith(("q_proj.weight", "q_proj.bias")):  # a model's, a layer's
+            continue
+        part = _common.to_numpy(entries.pop(key), f"state_dict entry {key!r}")
+        if part.shape[:1] != (2 * H * d,):
+            raise ValueError(
+                f"The config and the weights disagree: {_query_rows(H, d)} give {2 * H * d} "
+                f"rows for state_dict entry {key!r}, which has shape "
+                f"{_common.shape_text(part.shape)}.")
+        heads = part.reshape((H, 2 * d) + part.shape[1:])
+        rest = part.shape[1:]
+        entries[key] = heads[:, :d].reshape((H * d,) + rest)
+        cut = key.rindex("q_proj.")
+        entries[key[:cut] + "gate_proj." + key[cut + 7:]] = heads[:, d:].reshape((H * d,) + rest)
+    return entries
+
+
+def join_query_gate(tensors, num_heads, head_dim):
+    """The inverse of `split_query_gate`: `q_proj` and `gate_proj` interleaved per head back
+    into `q_proj` (a new dict)."""
+    import numpy as np
+
+    H, d = num_heads, head_dim
+    tensors = dict(tensors)
+    for key in [k for k in tensors if k.endswith(("self_attn.gate_proj.weight",
+                                                  "self_attn.gate_proj.bias"))]:
+        gate = tensors.pop(key)
+        q_key = key.replace(".gate_proj.", ".q_proj.")
+        q, rest = tensors[q_key], gate.shape[1:]
+        joined = np.concatenate([q.reshape((H, d) + rest), gate.reshape((H, d) + rest)], axis=1)
+        tensors[q_key] = joined.reshape((2 * H * d,) + rest)
+    return tensors

@@ -23,9 +23,6 @@ Every RMSNorm of the blocks, the final norm and the qk-norms multiply by `1 + w`
 
 from collections.abc import Mapping
 
-import numpy as np
-
-from keras_attn.convert import _common
 from keras_attn.convert._transformers_config import ModelSpec, _positive_int
 from keras_attn.convert.families import _shared
 
@@ -113,41 +110,12 @@ def spec(config):
         final_logit_soft_cap=None, norm_offset=1.0, layers=layers)
 
 
-def _query_rows(spec):
-    return spec.num_heads, spec.head_dim, (
-        f"num_attention_heads={spec.num_heads}, head_dim={spec.head_dim} "
-        f"(2 * H * d = {2 * spec.num_heads * spec.head_dim}: a query and a gate per head)")
-
-
 def canonical_state_dict(entries, spec):
     """Each full layer's `self_attn.q_proj` `(2 H d, D)` (and bias) split per head into
     `q_proj` and `gate_proj` `(H d, D)`, the row count cross-checked against the config."""
-    H, d, fields = _query_rows(spec)
-    for key in [k for k in entries if isinstance(k, str)]:
-        if not key.endswith(("q_proj.weight", "q_proj.bias")):  # a model's, a layer's
-            continue
-        part = _common.to_numpy(entries.pop(key), f"state_dict entry {key!r}")
-        if part.shape[:1] != (2 * H * d,):
-            raise ValueError(
-                f"The config and the weights disagree: {fields} give {2 * H * d} rows for "
-                f"state_dict entry {key!r}, which has shape {_common.shape_text(part.shape)}.")
-        heads = part.reshape((H, 2 * d) + part.shape[1:])
-        rest = part.shape[1:]
-        entries[key] = heads[:, :d].reshape((H * d,) + rest)
-        cut = key.rindex("q_proj.")
-        entries[key[:cut] + "gate_proj." + key[cut + 7:]] = heads[:, d:].reshape((H * d,) + rest)
-    return entries
+    return _shared.split_query_gate(entries, spec.num_heads, spec.head_dim)
 
 
 def checkpoint_state_dict(tensors, spec):
     """The inverse: `q_proj` and `gate_proj` interleaved per head back into `q_proj`."""
-    H, d, _ = _query_rows(spec)
-    tensors = dict(tensors)
-    for key in [k for k in tensors if k.endswith(("self_attn.gate_proj.weight",
-                                                  "self_attn.gate_proj.bias"))]:
-        gate = tensors.pop(key)
-        q_key = key.replace(".gate_proj.", ".q_proj.")
-        q, rest = tensors[q_key], gate.shape[1:]
-        joined = np.concatenate([q.reshape((H, d) + rest), gate.reshape((H, d) + rest)], axis=1)
-        tensors[q_key] = joined.reshape((2 * H * d,) + rest)
-    return tensors
+    return _shared.join_query_gate(tensors, spec.num_heads, spec.head_dim)
