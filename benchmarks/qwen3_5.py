@@ -186,12 +186,45 @@ def state_bytes(lm, lengths, dtype="float32"):
     return {str(n): (linear, softmax[0] + (n - 1) * softmax[1]) for n in lengths}
 
 
-def _memory(lm, spec):
+def _tensor_bytes(value):
+    """Bytes of the torch tensors in `value` (nested in dicts, lists and tuples)."""
+    import torch
+
+    if torch.is_tensor(value):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def hf_cache_bytes(folder, prompt):
+    """transformers' own cache after a forward over `prompt` (one sequence): `(linear
+    layers' bytes, full layers' bytes)`, summed over its layers' tensors."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        cache = model(torch.as_tensor(prompt), use_cache=True).past_key_values
+    linear = full = 0
+    for layer in cache.layers:
+        size = _tensor_bytes(vars(layer))
+        if "recurrent_states" in vars(layer):
+            linear += size
+        else:
+            full += size
+    return linear, full
+
+
+def _memory(lm, spec, folder, prompt):
     from keras_attn.convert import causal_lm_from_transformers
 
     dense = causal_lm_from_transformers(random_model(spec, all_softmax=True))
-    return {"hybrid": state_bytes(lm, spec["lengths"]),
-            "all_softmax": state_bytes(dense, spec["lengths"])}
+    return {"hybrid": state_bytes(lm, [*spec["lengths"], spec["prompt"]]),
+            "all_softmax": state_bytes(dense, spec["lengths"]),
+            "hf_at_prompt": hf_cache_bytes(folder, prompt)}
 
 
 # ----------------------------------------------------------------------------
@@ -232,7 +265,7 @@ def worker(spec):
         else:
             notes[name] = f"not equivalent: logits {error:.1e}"
     print("[qwen3_5] state memory (the all-softmax twin)", file=sys.stderr, flush=True)
-    memory = _memory(lm, spec)
+    memory = _memory(lm, spec, folder, prompt)
     runs = {}
     for name, c in contenders.items():
         runs[f"{name}/prefill"] = lambda c=c: c["logits"](prompt)
@@ -292,6 +325,11 @@ def table(result, spec):
         total, other = linear + full, sum(dense[str(n)])
         lines.append(f"| {n} | {linear / 2**20:.2f} + {full / 2**20:.2f} = "
                      f"{total / 2**20:.2f} | {other / 2**20:.2f} | {other / total:.1f} |")
+    linear, full = hybrid[str(spec["prompt"])]
+    hf_linear, hf_full = result["memory"]["hf_at_prompt"]
+    lines += ["", f"Cross-check after the {spec['prompt']}-token prompt: keras_attn's caches "
+              f"{linear / 2**20:.3f} + {full / 2**20:.3f} MiB, transformers' own cache "
+              f"{hf_linear / 2**20:.3f} + {hf_full / 2**20:.3f} MiB (linear + full)"]
     return "\n".join(lines)
 
 
