@@ -239,7 +239,9 @@ def _spread(values, scale=1e3):
 def worker(spec):
     import numpy as np
 
+    import keras_attn
     from keras_attn import _device
+    from keras_attn.models import _generate_loop
 
     _device.single_cpu_thread_for_small_ops()
     folder = spec["folder"]
@@ -255,7 +257,11 @@ def worker(spec):
         else:
             contender = _hf(folder, spec, name.split("_")[1])
         error = float(np.max(np.abs(contender["logits"](prompt) - reference["logits"]))) / scale
-        tokens = contender["generate"](prompt)  # also the warm-up
+        with keras_attn.observe_paths() as paths:  # what keras_attn's generate ran
+            tokens = contender["generate"](prompt)  # also the warm-up
+        if name == "keras_attn":
+            steps = getattr(_generate_loop.traced_step_of(lm), "graph_calls", None)
+            notes["keras_attn_paths"] = f"{dict(paths)}, traced decoding steps {steps}"
         new, ref = tokens[0, spec["prompt"]:], reference["tokens"][0, spec["prompt"]:]
         differ = np.flatnonzero(new != ref) if new.shape == ref.shape else [0]
         checks[name] = {"logits_rel_error": error,
@@ -314,7 +320,8 @@ def table(result, spec):
         lines.append(f"| {name} | {check['logits_rel_error']:.1e} | "
                      f"{check['same_tokens']}/{spec['new']} | " + " | ".join(cells)
                      + f" | {ratio} |")
-    lines += ["", f"(worker peak RSS {result['peak_rss_gib']:.2f} GiB)", "",
+    lines += ["", f"(worker peak RSS {result['peak_rss_gib']:.2f} GiB; keras_attn's generate "
+              f"ran {result['notes'].get('keras_attn_paths')})", "",
               "State per sequence (float32), MiB: linear blocks' RecurrentCache + full "
               "blocks' KVCache", "",
               "| tokens | hybrid: linear + full = total | all-softmax | all-softmax / hybrid |",
