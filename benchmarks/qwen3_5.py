@@ -279,12 +279,22 @@ def worker(spec):
     print(f"[qwen3_5] timing {len(contenders)} contenders, {spec['rounds']} rounds",
           file=sys.stderr, flush=True)
     times = common.interleaved(runs, spec["rounds"])
-    ms = {}
-    for name in contenders:
+
+    def per_round(name, figure):
         prefill, generate = times[f"{name}/prefill"], times[f"{name}/generate"]
-        ms[name] = {"prefill": _spread(prefill), "generate": _spread(generate),
-                    "decode": _spread([(g - p) / spec["new"] for p, g in zip(prefill, generate)])}
-    return {"checks": checks, "notes": notes, "ms": ms, "memory": memory,
+        return {"prefill": prefill, "generate": generate,
+                "decode": [(g - p) / spec["new"] for p, g in zip(prefill, generate)]}[figure]
+
+    ms = {name: {k: _spread(per_round(name, k)) for k in ("prefill", "decode", "generate")}
+          for name in contenders}
+    ratios = {}  # per round: both timed in the same round, so a slow stretch hits both
+    if "keras_attn" in contenders:
+        for name in contenders:
+            if name != "keras_attn":
+                ratios[name] = {k: _spread([a / b for a, b in zip(per_round("keras_attn", k),
+                                                                  per_round(name, k))], 1.0)
+                                for k in ("prefill", "decode")}
+    return {"checks": checks, "notes": notes, "ms": ms, "ratios": ratios, "memory": memory,
             "info": _device.describe(), "peak_rss_gib": common.peak_rss_gib()}
 
 
@@ -306,10 +316,11 @@ def table(result, spec):
              f"float32; B=1, prompt {spec['prompt']}, {spec['new']} greedy tokens; ms, "
              f"medians (min-max) of {spec['rounds']} interleaved rounds", "",
              "| contender | logits rel. error | same tokens | prefill ms | decode ms / token "
-             "| generate ms | keras_attn / it (prefill, decode) |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             "| generate ms | keras_attn / it (prefill, decode) | per-round ratios, median "
+             "(min-max): prefill; decode |",
+             "|---|---:|---:|---:|---:|---:|---|---|"]
     if "error" in result:
-        return "\n".join(lines + [f"| error: {result['error']} | | | | | | |"])
+        return "\n".join(lines + [f"| error: {result['error']} | | | | | | | |"])
     ours = result["ms"].get("keras_attn")
     for name, check in result["checks"].items():
         ms = result["ms"].get(name)
@@ -317,9 +328,11 @@ def table(result, spec):
                  if ms else [result["notes"].get(name, "not timed"), "", ""])
         ratio = ("" if not (ms and ours and name != "keras_attn") else ", ".join(
             f"{ours[k]['median'] / ms[k]['median']:.2f}" for k in ("prefill", "decode")))
+        rounds = result.get("ratios", {}).get(name)
+        rounds = "" if not rounds else "; ".join(_cell(rounds[k], 2) for k in ("prefill", "decode"))
         lines.append(f"| {name} | {check['logits_rel_error']:.1e} | "
                      f"{check['same_tokens']}/{spec['new']} | " + " | ".join(cells)
-                     + f" | {ratio} |")
+                     + f" | {ratio} | {rounds} |")
     lines += ["", f"(worker peak RSS {result['peak_rss_gib']:.2f} GiB; keras_attn's generate "
               f"ran {result['notes'].get('keras_attn_paths')})", "",
               "State per sequence (float32), MiB: linear blocks' RecurrentCache + full "
