@@ -1,7 +1,7 @@
 """Benchmark: a converted Qwen 3.5-style hybrid (Gated DeltaNet + gated softmax attention)
 against transformers' torch implementation, on PyTorch, and the memory of its state.
 
-    python -m benchmarks.qwen3_5                  # D=512, 4 layers, 7 interleaved rounds
+    python -m benchmarks.qwen3_5                  # D=512, 4 layers, 15 interleaved rounds (~6 min)
     python -m benchmarks.qwen3_5 --quick          # smoke sizes, 2 rounds
     python -m benchmarks.qwen3_5 --rounds 9 --json qwen3_5.json
 
@@ -31,7 +31,8 @@ Figures (B=1, prompt P=512, N=128 new greedy tokens): prefill = one forward over
 prompt; generate = the whole `generate`; decode per token = (generate - prefill) / N,
 per round. The contenders are warmed up, then timed in turn (prefill and generate of
 each, A B C A B C ...) for the rounds; medians, with each figure's spread (min-max over
-rounds) and the ratios keras_attn / transformers of the medians.
+rounds), the ratios keras_attn / transformers of the medians, and the ratios per round
+(both timed in the same round, so a slow stretch of a shared machine hits both).
 
 State memory per sequence, from the caches' tensors (`keras_attn.empty_cache` of each
 block at 1 and 2 slots: a `RecurrentCache`'s bytes do not grow, a `KVCache` grows by its
@@ -50,7 +51,7 @@ from benchmarks import _common as common
 
 DEFAULTS = {"vocab": 32000, "dim": 512, "layers": 4, "heads": 8, "kv_heads": 2,
             "head_dim": 64, "linear_key_heads": 4, "linear_value_heads": 8,
-            "linear_head_dim": 64, "ffn": 1536, "prompt": 512, "new": 128, "rounds": 7,
+            "linear_head_dim": 64, "ffn": 1536, "prompt": 512, "new": 128, "rounds": 15,
             "lengths": [1024, 32768]}
 QUICK = {"vocab": 512, "dim": 64, "layers": 4, "heads": 4, "kv_heads": 2, "head_dim": 16,
          "linear_key_heads": 2, "linear_value_heads": 4, "linear_head_dim": 16, "ffn": 128,
@@ -356,7 +357,7 @@ def table(result, spec):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_options(parser, quick="small smoke sizes",
-                       rounds=("--rounds", None, "timing rounds (default 7)"),
+                       rounds=("--rounds", None, "timing rounds (default 15)"),
                        timeout=("--timeout", 1800, "seconds for the worker"),
                        json_help="write the results here")
     args = parser.parse_args(argv)
