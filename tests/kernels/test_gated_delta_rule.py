@@ -90,15 +90,17 @@ def test_ablations_move_the_output_far_past_the_tolerance():
 
 
 @pytest.mark.requires_trainable_backend
-def test_chunked_gradients_match_central_differences():
+@pytest.mark.parametrize("chunk_size", [3, 7])
+def test_chunked_gradients_match_central_differences(chunk_size):
     """float64 throughout: the chunked form's gradients w.r.t. every input and the initial
-    state = central differences of the token-by-token reference (chunk 3: padded)."""
+    state = central differences of the token-by-token reference (chunk 3: padded; 7
+    divides T)."""
     args = _problem(4, "float64")
     probe = np.random.default_rng(5).normal(size=(B, T, H, D_V))
     state_probe = np.random.default_rng(6).normal(size=(B, H, D_K, D_V))
 
     def loss(*xs):
-        out, final = chunk_gated_delta_rule(*xs, chunk_size=3)
+        out, final = chunk_gated_delta_rule(*xs, chunk_size=chunk_size)
         return (keras.ops.sum(out * keras.ops.convert_to_tensor(probe))
                 + keras.ops.sum(final * keras.ops.convert_to_tensor(state_probe)))
 
