@@ -14,7 +14,7 @@ from typing import Any
 
 from keras_attn.convert import _common
 from keras_attn.convert._transformers_config import LayerSpec, ModelSpec
-from keras_attn.convert.transformers import _attention_plan, _block_plan
+from keras_attn.convert._weight_plan import _attention_plan, _block_plan
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
 

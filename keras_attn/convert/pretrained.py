@@ -320,14 +320,14 @@ def _checkpoint_tensors(lm, spec):
     """`{hf name: numpy array}`: the forward plan, probed, run backwards on `lm`'s values."""
     from keras import ops
 
-    from keras_attn.convert import transformers
+    from keras_attn.convert._weight_plan import model_plan
 
     probe = _Probe()
     V, D = spec.vocabulary_size, spec.hidden_dim
     embedding = probe.check(None, "model.embed_tokens.weight", (V, D), "", "")
     head = None if spec.tie_word_embeddings else probe.check(None, "lm_head.weight", (V, D),
                                                              "", "")
-    plan = transformers.model_plan(probe, spec, lm, embedding, head, check=probe.check)
+    plan = model_plan(probe, spec, lm, embedding, head, check=probe.check)
     tensors = {name: None for name in probe.names}
     bases = np.asarray(probe.bases, np.float64)
     for variable, codes, what in plan:

@@ -7,21 +7,11 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn._validation import check_positive_float, check_positive_int, concrete_value
+from keras_attn._validation import check_positive_float, check_positive_int
 from keras_attn.cache import empty_cache
-from keras_attn.generation import _check_temperature, _stop_token_ids, check_generated
-from keras_attn.generation import generate as generate_tokens
 from keras_attn.layers._common import check_not_quantized
 from keras_attn.models._checks import _built_width, _check_kv_sharing, _check_token_ids
-from keras_attn.models._generate_loop import (
-    _default_jit_compile,
-    _empty_caches,
-    _GenerateLoop,
-    cache_recompute_lengths,
-    forget_if_changed,
-    loops_of,
-    traced_step_of,
-)
+from keras_attn.models._generate_loop import generate_over_kept_loops
 
 __all__ = ["CausalLM"]
 
@@ -422,52 +412,9 @@ class CausalLM(keras.Model):
         Returns:
             int32 `(B, L)`: the prompt, then the generated tokens.
         """
-        prompt_ids = _check_token_ids("prompt_ids", prompt_ids, self.vocabulary_size)
-        batch, prompt_length = tuple(prompt_ids.shape)
-        max_length = check_positive_int("max_length", max_length)
-        if prompt_length is not None and max_length <= prompt_length:
-            raise ValueError(
-                f"`max_length` is the length of the result, prompt included: it must exceed "
-                f"the prompt length P={prompt_length}. Received: max_length={max_length}")
-        if self.max_position_embeddings and max_length > self.max_position_embeddings:
-            raise ValueError(
-                f"The position embedding has max_position_embeddings="
-                f"{self.max_position_embeddings} rows: `max_length` cannot exceed it. "
-                f"Received: max_length={max_length}")
-        if batch is None:
-            raise ValueError("`prompt_ids` needs a static batch size. "
-                             f"Received: prompt_ids.shape={tuple(prompt_ids.shape)}")
-        if jit_compile not in ("auto", True, False):
-            raise ValueError(f"`jit_compile` must be 'auto', True or False. Received: "
-                             f"jit_compile={jit_compile!r}")
-        forget_if_changed(self)  # kept loops of a model since changed decode the old one
-        # "auto" on a backend with a step tracer (PyTorch): the traced decoding step.
-        step = traced_step_of(self) if jit_compile == "auto" else None
-        jit_compile = _default_jit_compile() if jit_compile == "auto" else jit_compile
-        sampling = _check_temperature(temperature) > 0
-        prompt = concrete_value(prompt_ids)
-        if (keras.backend.backend() == "numpy" or prompt is None
-                or (sampling and not isinstance(seed, numbers.Integral))):
-            caches = _empty_caches(self, batch, max_length)
-            return generate_tokens(self.next_token_logits, prompt_ids, max_length, caches,
-                                   end_token_id=end_token_id, temperature=temperature,
-                                   top_k=top_k, seed=seed,
-                                   recompute_cache_at=cache_recompute_lengths(self))
-        stops = _stop_token_ids(end_token_id)  # checked here, before anything compiles
-        top_k = check_positive_int("top_k", top_k, allow_none=True)
-        options = {"end_token_id": list(stops) or None, "temperature": float(temperature),
-                   "top_k": top_k, "seed": int(seed) if sampling else None}
-        # The prompt's shape is part of the key: a loop traced for one (B, P) and called
-        # with another is retraced by TensorFlow with the batch relaxed to None, which the
-        # caches cannot size (generate on (2, 4) then (1, 4) raised, issue 38).
-        key = (tuple(prompt.shape), max_length, stops, options["temperature"], top_k,
-               options["seed"], bool(jit_compile), step is not None)
-        loops = loops_of(self)
-        if key not in loops:
-            loops[key] = _GenerateLoop(self, max_length, options, bool(jit_compile), step)
-        tokens = np.asarray(loops[key].predict_on_batch(np.asarray(prompt, "int32")))
-        check_generated(tokens, max_length)  # non-finite logits, once the values are known
-        return ops.convert_to_tensor(tokens, "int32")
+        return generate_over_kept_loops(self, prompt_ids, max_length, end_token_id=end_token_id,
+                                        temperature=temperature, top_k=top_k, seed=seed,
+                                        jit_compile=jit_compile)
 
     def save(self, filepath, *args, **kwargs):
         """`keras.Model.save`, refusing a quantized model before a file is written
