@@ -21,16 +21,30 @@ from keras_attn.convert._transformers_config import (
     _rope,
 )
 
-__all__ = ["check_rotary_width", "checked_layer_types", "core", "every_nth_full",
-           "join_query_gate", "layer_specs", "layer_types", "refuse", "rope_of",
-           "sliding_windows", "split_gate_up", "split_query_gate", "window_of",
-           "windows_from_max_window_layers"]
+__all__ = ["HYBRID_LAYER_TYPES", "LINEAR_FIELDS", "ROUTER_TRAINING_FIELDS",
+           "check_rotary_width", "checked_layer_types", "core", "every_nth_full",
+           "gated_deltanet_arguments", "hybrid_layer_types", "join_query_gate", "layer_specs",
+           "layer_types", "refuse", "rope_of", "sliding_windows", "split_gate_up",
+           "split_query_gate", "window_of", "windows_from_max_window_layers"]
 
 refuse = _refuse
 # The fields `core` reads (each family lists them with its own in FIELDS["read"]).
 CORE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                "num_attention_heads", "num_key_value_heads", "head_dim", "attention_dropout",
                "tie_word_embeddings", "rope_parameters", "rope_theta", "rope_scaling")
+# The softmax routers' training-only fields: ignored, with why (Mixtral, Qwen3-MoE, Qwen3-Next).
+ROUTER_TRAINING_FIELDS = {
+    "router_aux_loss_coef": "the load-balancing loss's weight, read by training only "
+                            "(transformers adds the loss with output_router_logits); the "
+                            "logits are the same: set MixtureOfExperts' own to train",
+    "output_router_logits": "whether the model also returns the router logits; the "
+                            "logits are the same",
+}
+# The Gated DeltaNet fields of the hybrid Qwen families (Qwen 3.5, Qwen3-Next), and their
+# layer types.
+LINEAR_FIELDS = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                 "linear_num_key_heads", "linear_num_value_heads")
+HYBRID_LAYER_TYPES = ("linear_attention", "full_attention")
 
 
 def core(config, *, activation_field="hidden_act", default_activation="silu",
@@ -228,3 +242,33 @@ def join_query_gate(tensors, num_heads, head_dim):
         joined = np.concatenate([q.reshape((H, d) + rest), gate.reshape((H, d) + rest)], axis=1)
         tensors[q_key] = joined.reshape((2 * H * d,) + rest)
     return tensors
+
+
+def hybrid_layer_types(config, num_layers):
+    """A hybrid Qwen config's `layer_types`, checked; without them transformers' derivation:
+    every `full_attention_interval`-th layer (4 by default) full, the others linear."""
+    types = config.get("layer_types")
+    if types is None:
+        n = _positive_int(config, "full_attention_interval", 4)
+        types = ["linear_attention" if (i + 1) % n else "full_attention"
+                 for i in range(num_layers)]
+    if not isinstance(types, (list, tuple)) or len(types) != num_layers or any(
+            t not in HYBRID_LAYER_TYPES for t in types):
+        refuse("layer_types", types, f"one of {HYBRID_LAYER_TYPES} per layer "
+               f"(num_hidden_layers={num_layers})")
+    return list(types)
+
+
+def gated_deltanet_arguments(config, core):
+    """The `GatedDeltaNet` keywords of a hybrid Qwen config (`LINEAR_FIELDS` and the norm's
+    epsilon), checked: silu (the short convolution's activation here) and value heads a
+    multiple of the key heads."""
+    if core["activation"] != "silu":  # the linear layers' convolution uses it too
+        refuse("hidden_act", config.get("hidden_act"),
+               "the Gated DeltaNet's short convolution is silu in keras_attn")
+    linear = dict(**{f: _positive_int(config, f) for f in LINEAR_FIELDS},
+                  layer_norm_epsilon=core["epsilon"])
+    if linear["linear_num_value_heads"] % linear["linear_num_key_heads"]:
+        refuse("linear_num_value_heads", linear["linear_num_value_heads"],
+               f"a multiple of linear_num_key_heads={linear['linear_num_key_heads']} is needed")
+    return linear

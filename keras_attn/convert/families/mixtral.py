@@ -17,11 +17,7 @@ FIELDS = {
                                    "num_local_experts", "num_experts_per_tok"),
     "neutral": {},
     "ignored": {
-        "router_aux_loss_coef": "the load-balancing loss's weight, read by training only "
-                                "(transformers adds the loss with output_router_logits); the "
-                                "logits are the same: set MixtureOfExperts' own to train",
-        "output_router_logits": "whether the model also returns the router logits; the "
-                                "logits are the same",
+        **_shared.ROUTER_TRAINING_FIELDS,
         "router_jitter_noise": "multiplicative noise on the experts' inputs in training only; "
                                "inference, which the conversion reproduces, has none",
     },

@@ -23,14 +23,12 @@ Every RMSNorm of the blocks, the final norm and the qk-norms multiply by `1 + w`
 
 from collections.abc import Mapping
 
-from keras_attn.convert._transformers_config import ModelSpec, _positive_int
+from keras_attn.convert._transformers_config import ModelSpec
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "qwen3_5_text"
-_LINEAR = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
-           "linear_num_key_heads", "linear_num_value_heads")
 FIELDS = {
-    "read": _shared.CORE_FIELDS + _LINEAR + (
+    "read": _shared.CORE_FIELDS + _shared.LINEAR_FIELDS + (
         "hidden_act", "rms_norm_eps", "attention_bias", "partial_rotary_factor",
         "layer_types", "full_attention_interval"),
     # The released configs say the attention output is gated; transformers always gates.
@@ -45,21 +43,9 @@ FIELDS = {
 _DEFAULTS = {"num_key_value_heads": 4, "head_dim": 256, "linear_conv_kernel_dim": 4,
              "linear_key_head_dim": 128, "linear_value_head_dim": 128,
              "linear_num_key_heads": 16, "linear_num_value_heads": 32}
-_TYPES = ("linear_attention", "full_attention")
 _MROPE = ("mrope_section", "mrope_interleaved")
 
 
-def _layer_types(config, num_layers):
-    types = config.get("layer_types")
-    if types is None:  # transformers' derivation: every n-th layer full
-        n = _positive_int(config, "full_attention_interval", 4)
-        types = ["linear_attention" if (i + 1) % n else "full_attention"
-                 for i in range(num_layers)]
-    if not isinstance(types, (list, tuple)) or len(types) != num_layers or any(
-            t not in _TYPES for t in types):
-        _shared.refuse("layer_types", types, f"one of {_TYPES} per layer "
-                       f"(num_hidden_layers={num_layers})")
-    return list(types)
 
 
 def _without_mrope(config):
@@ -85,17 +71,9 @@ def spec(config):
     # Qwen3_5TextConfig sets partial_rotary_factor 0.25 when absent (into rope_parameters).
     config = _without_mrope({**_DEFAULTS, "partial_rotary_factor": 0.25, **config})
     core = _shared.core(config, tie_default=False)
-    if core["activation"] != "silu":  # the linear layers' convolution uses it too
-        _shared.refuse("hidden_act", config.get("hidden_act"),
-                       "the Gated DeltaNet's short convolution is silu in keras_attn")
     n = core["num_layers"]
-    types = _layer_types(config, n)
-    linear = dict(**{f: _positive_int(config, f) for f in _LINEAR},
-                  layer_norm_epsilon=core["epsilon"])
-    if linear["linear_num_value_heads"] % linear["linear_num_key_heads"]:
-        _shared.refuse("linear_num_value_heads", linear["linear_num_value_heads"],
-                       f"a multiple of linear_num_key_heads={linear['linear_num_key_heads']}"
-                       " is needed")
+    types = _shared.hybrid_layer_types(config, n)
+    linear = _shared.gated_deltanet_arguments(config, core)
     where = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
     rope = _shared.check_rotary_width(_shared.rope_of(config, partial_rotary=True),
                                       core["head_dim"], where)

@@ -22,11 +22,7 @@ FIELDS = {
         "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
     "neutral": {},
     "ignored": {
-        "router_aux_loss_coef": "the load-balancing loss's weight, read by training only "
-                                "(transformers adds the loss with output_router_logits); the "
-                                "logits are the same: set MixtureOfExperts' own to train",
-        "output_router_logits": "whether the model also returns the router logits; the "
-                                "logits are the same",
+        **_shared.ROUTER_TRAINING_FIELDS,
     },
 }
 

@@ -40,22 +40,16 @@ from keras_attn.convert._transformers_config import ModelSpec, _positive_int
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "qwen3_next"
-_LINEAR = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
-           "linear_num_key_heads", "linear_num_value_heads")
 _MOE = ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
         "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
         "mlp_only_layers")
 FIELDS = {
-    "read": _shared.CORE_FIELDS + _LINEAR + _MOE + (
+    "read": _shared.CORE_FIELDS + _shared.LINEAR_FIELDS + _MOE + (
         "hidden_act", "rms_norm_eps", "attention_bias", "partial_rotary_factor",
         "layer_types", "full_attention_interval"),
     "neutral": {},
     "ignored": {
-        "router_aux_loss_coef": "the load-balancing loss's weight, read by training only "
-                                "(transformers adds the loss with output_router_logits); the "
-                                "logits are the same: set MixtureOfExperts' own to train",
-        "output_router_logits": "whether the model also returns the router logits; the "
-                                "logits are the same",
+        **_shared.ROUTER_TRAINING_FIELDS,
     },
 }
 # Qwen3NextConfig's defaults for fields left out of a dict config.
@@ -65,22 +59,10 @@ _DEFAULTS = {"num_key_value_heads": 2, "head_dim": 256, "linear_conv_kernel_dim"
              "decoder_sparse_step": 1, "moe_intermediate_size": 512,
              "shared_expert_intermediate_size": 512, "num_experts_per_tok": 10,
              "num_experts": 512, "norm_topk_prob": True, "mlp_only_layers": []}
-_TYPES = ("linear_attention", "full_attention")
 # Qwen3-Next's name for the shared expert's MLP (`Qwen3NextSparseMoeBlock.shared_expert`).
 SHARED_EXPERT_PREFIX = "mlp.shared_expert."
 
 
-def _layer_types(config, num_layers):
-    types = config.get("layer_types")
-    if types is None:  # transformers' derivation: every n-th layer full
-        n = _positive_int(config, "full_attention_interval", 4)
-        types = ["linear_attention" if (i + 1) % n else "full_attention"
-                 for i in range(num_layers)]
-    if not isinstance(types, (list, tuple)) or len(types) != num_layers or any(
-            t not in _TYPES for t in types):
-        _shared.refuse("layer_types", types, f"one of {_TYPES} per layer "
-                       f"(num_hidden_layers={num_layers})")
-    return list(types)
 
 
 def _moe_layers(config, num_layers, num_experts):
@@ -120,17 +102,9 @@ def spec(config):
     # Qwen3NextConfig sets partial_rotary_factor 0.25 when absent (into rope_parameters).
     config = {**_DEFAULTS, "partial_rotary_factor": 0.25, **config}
     core = _shared.core(config, tie_default=False)
-    if core["activation"] != "silu":  # the linear layers' convolution uses it too
-        _shared.refuse("hidden_act", config.get("hidden_act"),
-                       "the Gated DeltaNet's short convolution is silu in keras_attn")
     n = core["num_layers"]
-    types = _layer_types(config, n)
-    linear = dict(**{f: _positive_int(config, f) for f in _LINEAR},
-                  layer_norm_epsilon=core["epsilon"])
-    if linear["linear_num_value_heads"] % linear["linear_num_key_heads"]:
-        _shared.refuse("linear_num_value_heads", linear["linear_num_value_heads"],
-                       f"a multiple of linear_num_key_heads={linear['linear_num_key_heads']}"
-                       " is needed")
+    types = _shared.hybrid_layer_types(config, n)
+    linear = _shared.gated_deltanet_arguments(config, core)
     moe, experts = _mixture(config)
     where = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
     rope = _shared.check_rotary_width(_shared.rope_of(config, partial_rotary=True),
