@@ -46,8 +46,6 @@ _DEFAULTS = {"num_key_value_heads": 4, "head_dim": 256, "linear_conv_kernel_dim"
 _MROPE = ("mrope_section", "mrope_interleaved")
 
 
-
-
 def _without_mrope(config):
     """The config with the multimodal RoPE keys checked and taken out of its RoPE
     parameters (an identity for text: see the module docstring)."""

@@ -63,8 +63,6 @@ _DEFAULTS = {"num_key_value_heads": 2, "head_dim": 256, "linear_conv_kernel_dim"
 SHARED_EXPERT_PREFIX = "mlp.shared_expert."
 
 
-
-
 def _moe_layers(config, num_layers, num_experts):
     """Whether each layer's feed-forward is a mixture (transformers' rule)."""
     step = _positive_int(config, "decoder_sparse_step")
