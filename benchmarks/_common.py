@@ -82,6 +82,24 @@ def worker_main(worker, spec_json):
 # Memory.
 
 
+def save_with_reference(model, spec, folder):
+    """Save a transformers `model` to `folder` as safetensors, with its reference outputs
+    (`reference.npz`): the logits of a seeded random prompt of `spec["prompt"]` tokens and
+    its `spec["new"]` greedy tokens, which every contender is checked against."""
+    import numpy as np
+    import torch
+
+    model.save_pretrained(folder, safe_serialization=True)
+    prompt = np.random.default_rng(0).integers(1, spec["vocab"], (1, spec["prompt"]))
+    with torch.no_grad():
+        ids = torch.as_tensor(prompt)
+        logits = model(ids).logits.numpy()
+        tokens = model.generate(ids, max_new_tokens=spec["new"], min_new_tokens=spec["new"],
+                                do_sample=False, pad_token_id=0).numpy()
+    np.savez(os.path.join(folder, "reference.npz"), prompt=prompt, logits=logits,
+             tokens=tokens)
+
+
 def peak_rss_gib():
     """This process's RSS high-water mark (`resource.getrusage` `ru_maxrss`), in GiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB

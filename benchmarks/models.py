@@ -59,7 +59,6 @@ LOGITS_TOLERANCE = 1e-4  # max |diff| / max |HF logits| in float32
 
 def make_checkpoint(spec, folder):
     """Save a seeded random `LlamaForCausalLM` to `folder`, and its reference outputs."""
-    import numpy as np
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -75,15 +74,7 @@ def make_checkpoint(spec, folder):
         for parameter in model.parameters():
             if parameter.ndim == 2:
                 parameter.normal_(0.0, 0.05)
-    model.save_pretrained(folder, safe_serialization=True)
-    prompt = np.random.default_rng(0).integers(1, spec["vocab"], (1, spec["prompt"]))
-    with torch.no_grad():
-        ids = torch.as_tensor(prompt)
-        logits = model(ids).logits.numpy()
-        tokens = model.generate(ids, max_new_tokens=spec["new"], min_new_tokens=spec["new"],
-                                do_sample=False, pad_token_id=0).numpy()
-    np.savez(os.path.join(folder, "reference.npz"), prompt=prompt, logits=logits,
-             tokens=tokens)
+    common.save_with_reference(model, spec, folder)
 
 
 # ----------------------------------------------------------------------------

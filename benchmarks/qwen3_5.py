@@ -102,19 +102,9 @@ def random_model(spec, all_softmax=False):
 
 def make_checkpoint(spec, folder):
     """Save the random hybrid to `folder`, with its prompt, logits and greedy tokens."""
-    import numpy as np
-    import torch
 
     model = random_model(spec)
-    model.save_pretrained(folder, safe_serialization=True)
-    prompt = np.random.default_rng(0).integers(1, spec["vocab"], (1, spec["prompt"]))
-    with torch.no_grad():
-        ids = torch.as_tensor(prompt)
-        logits = model(ids).logits.numpy()
-        tokens = model.generate(ids, max_new_tokens=spec["new"], min_new_tokens=spec["new"],
-                                do_sample=False, pad_token_id=0).numpy()
-    np.savez(os.path.join(folder, "reference.npz"), prompt=prompt, logits=logits,
-             tokens=tokens)
+    common.save_with_reference(model, spec, folder)
 
 
 # ----------------------------------------------------------------------------
