@@ -12,7 +12,7 @@ and the 16 tokens of its greedy `generate`. The bfloat16 case rounds the float32
 parameters to bfloat16 first, takes the reference from that float32 model (its RoPE
 buffers stay float32), then saves a bfloat16 copy: the file holds exactly the weights the
 reference ran with. tests/convert/test_pretrained.py reads them on every backend, without
-torch. All the folders together stay under 200 KB.
+torch. All the folders together stay under 400 KB.
 """
 
 import copy
@@ -37,6 +37,10 @@ CASES = {
     "starcoder2": ("starcoder2", torch.float32, "5GB"),  # LayerNorm, biases, c_fc / c_proj
     "gemma3_text_sharded": ("gemma3_text", torch.float32, "20KB"),  # two shards and the index
     "qwen2_bfloat16": ("qwen2", torch.bfloat16, "8KB"),  # bfloat16, sharded too
+    # Experts written one module each (block_sparse_moe.experts.{e}.w1/w2/w3), as the Hub
+    # holds them; and Qwen3-MoE's layout (mlp.experts.{e}.gate_proj/...), DeepSeek V3's too.
+    "mixtral_sharded": ("mixtral", torch.float32, "20KB"),
+    "qwen3_moe": ("qwen3_moe", torch.float32, "5GB"),
 }
 
 

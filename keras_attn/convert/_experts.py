@@ -18,7 +18,14 @@ Keras kernel transposed.
 | `mlp.gate.e_score_correction_bias` `(E,)`      | `router_correction_bias`     | `(E,)`   |
 """
 
-__all__ = ["experts_plan", "shared_experts_plan"]
+import re
+
+import numpy as np
+
+from keras_attn.convert import _common
+
+__all__ = ["ExpertModules", "MIXTRAL_MODULES", "QWEN2_MOE_MODULES", "experts_plan",
+           "join_expert_modules", "shared_experts_plan", "split_expert_modules"]
 
 # DeepSeek V3's name for the shared expert's MLP (`DeepseekV3MoE.shared_experts`).
 SHARED_PREFIX = "mlp.shared_experts."
@@ -99,3 +106,106 @@ def _expert_biases_plan(entries, moe, sub, check, sizes):
             plan.append((moe.output_bias, check(entries, sub + name, (E, D), "(E, D)", sizes),
                          name))
     return plan
+
+
+# --- The checkpoint layout: one module per expert ------------------------------------
+#
+# transformers 5 holds a mixture's experts fused (`mlp.experts.gate_up_proj` (E, 2F, D),
+# `down_proj` (E, D, F)), but its `save_pretrained` writes, and the Hub's checkpoints hold,
+# one module per expert (transformers' `conversion_mapping.py`: "mixtral", and "qwen2_moe"
+# for Qwen3-MoE, Qwen3-Next and DeepSeek V3), which is what serving engines read. Before
+# issue 36's fix the readers took only the fused names: a real Mixtral folder was refused
+# ("state_dict is missing 'model.layers.0.mlp.gate.weight'").
+
+
+class ExpertModules:
+    """How a family's checkpoint names its experts' modules: `block` (the mixture's module
+    under `model.layers.{i}.`: Mixtral's `block_sparse_moe.`, `mlp.` elsewhere) and the
+    expert's `gate`, `up` and `down` projections' names."""
+
+    def __init__(self, block, gate, up, down):
+        self.block, self.gate, self.up, self.down = block, gate, up, down
+        parts = "|".join(map(re.escape, (gate, up, down)))
+        self.pattern = re.compile(rf"^(?P<layer>.*?){re.escape(block)}experts\."
+                                  rf"(?P<expert>\d+)\.(?P<part>{parts})\.weight$")
+
+
+MIXTRAL_MODULES = ExpertModules("block_sparse_moe.", "w1", "w3", "w2")
+QWEN2_MOE_MODULES = ExpertModules("mlp.", "gate_proj", "up_proj", "down_proj")
+
+
+def join_expert_modules(entries, modules):
+    """`entries` with each layer's per-expert modules (`modules`) stacked into the fused
+    entries the readers map: `mlp.experts.gate_up_proj` (E, 2F, D: every expert's gate rows,
+    then its up rows) and `mlp.experts.down_proj` (E, D, F); Mixtral's
+    `block_sparse_moe.gate` renamed `mlp.gate`. A layer's experts must be numbered 0 .. E-1
+    with all three projections, of one shape, and not also given fused (a `ValueError`
+    naming the entry otherwise). Entries in the fused layout pass unchanged."""
+    found = {}
+    for key in [k for k in entries if isinstance(k, str)]:
+        match = modules.pattern.match(key)
+        if match:
+            layer = match["layer"]
+            found.setdefault(layer, {})[(int(match["expert"]), match["part"])] = key
+        elif modules.block != "mlp." and f".{modules.block}gate." in f".{key}":
+            entries[key.replace(modules.block + "gate.", "mlp.gate.")] = entries.pop(key)
+    for layer, keys in found.items():
+        count = 1 + max(expert for expert, _ in keys)
+        for expert in range(count):
+            for part in (modules.gate, modules.up, modules.down):
+                if (expert, part) not in keys:
+                    raise ValueError(
+                        f"The checkpoint's experts of '{layer}' are incomplete: state_dict "
+                        f"has expert modules up to {count - 1} but no "
+                        f"'{layer}{modules.block}experts.{expert}.{part}.weight'.")
+        for fused in ("gate_up_proj", "down_proj"):
+            if f"{layer}mlp.experts.{fused}" in entries:
+                raise ValueError(
+                    f"state_dict holds the experts of '{layer}' twice: per expert "
+                    f"('{keys[(0, modules.gate)]}') and fused ('{layer}mlp.experts.{fused}').")
+
+        gate, up, down = (_stacked(entries, keys, count, part, f"{layer}{modules.block}")
+                          for part in (modules.gate, modules.up, modules.down))
+        if gate.shape != up.shape:
+            raise ValueError(f"The experts of '{layer}': {modules.gate} {gate.shape[1:]} and "
+                             f"{modules.up} {up.shape[1:]} differ in shape.")
+        entries[f"{layer}mlp.experts.gate_up_proj"] = np.concatenate([gate, up], axis=1)
+        entries[f"{layer}mlp.experts.down_proj"] = down
+    return entries
+
+
+def _stacked(entries, keys, count, part, block):
+    """The `count` experts' `part` weights popped from `entries`, stacked (E, ., .)."""
+    arrays = [_common.to_numpy(entries.pop(keys[(e, part)]), keys[(e, part)])
+              for e in range(count)]
+    if len({a.shape for a in arrays}) != 1:
+        raise ValueError(f"The experts differ in shape: '{block}experts.*.{part}.weight' has "
+                         f"shapes {sorted({a.shape for a in arrays})}.")
+    return np.stack(arrays)
+
+
+def split_expert_modules(tensors, modules):
+    """The inverse of `join_expert_modules` (`CausalLM.save_pretrained`): each fused
+    `mlp.experts.gate_up_proj` / `down_proj` back into one module per expert, as
+    transformers' `save_pretrained` writes them, and Mixtral's `mlp.gate` back to
+    `block_sparse_moe.gate`."""
+    out = {}
+    for key, value in tensors.items():
+        if key.endswith("mlp.experts.gate_up_proj"):
+            layer = key[:-len("mlp.experts.gate_up_proj")]
+            value = np.asarray(value)
+            F = value.shape[1] // 2
+            for e in range(value.shape[0]):
+                base = f"{layer}{modules.block}experts.{e}."
+                out[f"{base}{modules.gate}.weight"] = np.ascontiguousarray(value[e, :F])
+                out[f"{base}{modules.up}.weight"] = np.ascontiguousarray(value[e, F:])
+        elif key.endswith("mlp.experts.down_proj"):
+            layer = key[:-len("mlp.experts.down_proj")]
+            for e, array in enumerate(np.asarray(value)):
+                out[f"{layer}{modules.block}experts.{e}.{modules.down}.weight"] = (
+                    np.ascontiguousarray(array))
+        elif modules.block != "mlp." and ".mlp.gate." in key:
+            out[key.replace(".mlp.gate.", f".{modules.block}gate.")] = value
+        else:
+            out[key] = value
+    return out

@@ -3,7 +3,8 @@
 tests/assets/pretrained/<case>/ are folders written by transformers' `save_pretrained`
 (tools/make_pretrained_fixtures.py, torch env): Llama, Phi-3 (fused projections),
 StarCoder 2 (LayerNorm, biases), Gemma 3 in two shards with `model.safetensors.index.json`,
-and Qwen 2 in bfloat16 and two shards; each with `reference.npz`, transformers' float32 logits and greedy
+Qwen 2 in bfloat16 and two shards, Mixtral (four shards) and Qwen3-MoE with one module per
+expert as transformers writes them (and the Hub holds them); each with `reference.npz`, transformers' float32 logits and greedy
 tokens. They are read here on every backend with no torch or transformers; a subprocess
 proves neither is imported. The torch environment also writes a folder live.
 """
@@ -31,7 +32,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HERE = os.path.join(ROOT, "tests", "assets", "pretrained")
 # folder -> the family case (tests/family_cases.py) whose ablation shows the test can fail
 CASES = {"llama": "llama", "phi3": "phi3", "starcoder2": "starcoder2",
-         "gemma3_text_sharded": "gemma3_text", "qwen2_bfloat16": "qwen2"}
+         "gemma3_text_sharded": "gemma3_text", "qwen2_bfloat16": "qwen2",
+         # experts one module each, as the Hub holds them (Mixtral's block_sparse_moe names)
+         "mixtral_sharded": "mixtral", "qwen3_moe": "qwen3_moe"}
 
 
 def _reference(folder):
@@ -43,7 +46,7 @@ def test_the_fixtures_are_small_and_complete():
     assert sorted(os.listdir(HERE)) == sorted(CASES)
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(HERE)
                 for f in files)
-    assert total < 200_000, total
+    assert total < 400_000, total
     shards = sorted(os.listdir(os.path.join(HERE, "gemma3_text_sharded")))
     assert "model.safetensors.index.json" in shards and "model.safetensors" not in shards
 
@@ -210,7 +213,8 @@ def _read_back(folder):
     return out
 
 
-@pytest.mark.parametrize("folder", ["llama", "qwen2_bfloat16", "phi3", "starcoder2"])
+@pytest.mark.parametrize("folder", ["llama", "qwen2_bfloat16", "phi3", "starcoder2",
+                                    "mixtral_sharded", "qwen3_moe"])
 def test_folder_keras_folder_round_trip_is_bitwise(tmp_path, folder):
     """In the checkpoint's own dtype (float32; bfloat16 and sharded), every tensor written
     back has the bytes it was read with."""
@@ -276,9 +280,38 @@ def _glm4_dict():
     return config, {k: np.ones(v, "float32") for k, v in shapes.items()}
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3_text", "qwen3", "granite", "phi3",
-                                  "starcoder2", "olmo2", "exaone4", "mixtral", "qwen3_moe",
-                                  "gpt_oss", "deepseek_v3", "qwen3_5_text", "qwen3_next"])
+WRITTEN = ["llama", "gemma3_text", "qwen3", "granite", "phi3", "starcoder2", "olmo2",
+           "exaone4", "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_text",
+           "qwen3_next"]
+
+
+def _saved_names(folder):
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        return set(json.loads(index.read_text())["weight_map"])
+    from safetensors import safe_open
+    with safe_open(str(folder / "model.safetensors"), "np") as handle:
+        return set(handle.keys())
+
+
+@pytest.mark.parametrize("name", WRITTEN + ["glm4", "cohere2", "gpt2", "gemma4_text"])
+def test_the_folder_transformers_writes_is_read(tmp_path, name):
+    """Torch env: the folder transformers' own `save_pretrained` writes (the Hub's layout:
+    a mixture's experts one module each, which transformers 5 fuses only in memory) is
+    read with the model's logits. Before issue 36's fix Mixtral, Qwen3-MoE, DeepSeek V3
+    and Qwen3-Next were refused ("state_dict is missing '...mlp.gate.weight'")."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    hf = fc.build_hf(name, small=True)
+    hf.save_pretrained(tmp_path, max_shard_size="20KB")
+    lm = convert.causal_lm_from_pretrained(tmp_path, dtype="float32")
+    ids = fc.token_ids(name, small=True)
+    with torch.no_grad():
+        theirs = hf(torch.from_numpy(ids).long()).logits.numpy()
+    assert fc.relative_error(keras.ops.convert_to_numpy(lm(ids)), theirs) <= fc.TOLERANCE
+
+
+@pytest.mark.parametrize("name", WRITTEN)
 def test_transformers_from_pretrained_reads_what_keras_writes(tmp_path, name):
     """Torch env: transformers' `from_pretrained` of the folder `save_pretrained` wrote
     gives the Keras model's logits within 1e-5 (Gemma 3: its `1 + w` norms undone)."""
@@ -290,6 +323,9 @@ def test_transformers_from_pretrained_reads_what_keras_writes(tmp_path, name):
     scale.assign(scale * 0.5)
     lm.save_pretrained(tmp_path, max_shard_size="10KB")
     assert (tmp_path / "model.safetensors.index.json").exists()
+    # The names transformers writes (the Hub's layout, which serving engines read).
+    fc.build_hf(name, small=True).save_pretrained(tmp_path / "theirs")
+    assert _saved_names(tmp_path) == _saved_names(tmp_path / "theirs")
     if name == "deepseek_v3":  # its router's correction bias is written (transformers would
         # otherwise start it at zeros, a different choice of experts)
         index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
@@ -301,3 +337,50 @@ def test_transformers_from_pretrained_reads_what_keras_writes(tmp_path, name):
         theirs = hf(torch.from_numpy(ids).long()).logits.numpy()
     ours = keras.ops.convert_to_numpy(lm(ids))
     assert fc.relative_error(theirs, ours) <= 1e-5, fc.relative_error(theirs, ours)
+
+
+def _expert_modules(E=3, F=4, D=5, block="block_sparse_moe.", names=("w1", "w3", "w2")):
+    rng = np.random.default_rng(0)
+    entries = {f"model.layers.0.{block}gate.weight": rng.normal(size=(E, D))}
+    for e in range(E):
+        for name, shape in zip(names, ((F, D), (F, D), (D, F))):
+            entries[f"model.layers.0.{block}experts.{e}.{name}.weight"] = rng.normal(size=shape)
+    return entries
+
+
+def test_expert_modules_are_stacked_and_split_back_exactly():
+    """One module per expert <-> transformers 5's fused experts, as its conversion_mapping
+    does: gate rows then up rows in `gate_up_proj` (E, 2F, D), `down_proj` (E, D, F)."""
+    from keras_attn.convert import _experts
+    entries = _expert_modules()
+    fused = _experts.join_expert_modules(dict(entries), _experts.MIXTRAL_MODULES)
+    assert sorted(fused) == ["model.layers.0.mlp.experts.down_proj",
+                             "model.layers.0.mlp.experts.gate_up_proj",
+                             "model.layers.0.mlp.gate.weight"]
+    gate_up = fused["model.layers.0.mlp.experts.gate_up_proj"]
+    np.testing.assert_array_equal(gate_up[1, :4],
+                                  entries["model.layers.0.block_sparse_moe.experts.1.w1.weight"])
+    np.testing.assert_array_equal(gate_up[1, 4:],
+                                  entries["model.layers.0.block_sparse_moe.experts.1.w3.weight"])
+    back = _experts.split_expert_modules(fused, _experts.MIXTRAL_MODULES)
+    assert sorted(back) == sorted(entries)
+    for key, value in entries.items():
+        np.testing.assert_array_equal(back[key], value)
+
+
+def test_incomplete_or_doubled_experts_are_refused_by_name():
+    from keras_attn.convert import _experts
+    modules = _experts.QWEN2_MOE_MODULES
+    names = ("gate_proj", "up_proj", "down_proj")
+    entries = _expert_modules(block="mlp.", names=names)
+    del entries["model.layers.0.mlp.experts.1.up_proj.weight"]
+    with pytest.raises(ValueError, match=r"no 'model.layers.0.mlp.experts.1.up_proj.weight'"):
+        _experts.join_expert_modules(entries, modules)
+    entries = _expert_modules(block="mlp.", names=names)
+    entries["model.layers.0.mlp.experts.down_proj"] = np.zeros((3, 5, 4))
+    with pytest.raises(ValueError, match="twice"):
+        _experts.join_expert_modules(entries, modules)
+    entries = _expert_modules(block="mlp.", names=names)
+    entries["model.layers.0.mlp.experts.2.down_proj.weight"] = np.zeros((5, 3))
+    with pytest.raises(ValueError, match="differ in shape"):
+        _experts.join_expert_modules(entries, modules)

@@ -36,6 +36,7 @@ Every RMSNorm of the blocks, the final norm and the qk-norms multiply by `1 + w`
 import numpy as np
 
 from keras_attn.convert import _common
+from keras_attn.convert._experts import QWEN2_MOE_MODULES, join_expert_modules, split_expert_modules
 from keras_attn.convert._transformers_config import ModelSpec, _positive_int
 from keras_attn.convert.families import _shared
 
@@ -172,7 +173,9 @@ def canonical_state_dict(entries, spec):
     """The linear layers' `in_proj_qkvz` and `in_proj_ba` split into `in_proj_qkv`,
     `in_proj_z`, `in_proj_b`, `in_proj_a`; each full layer's `self_attn.q_proj` `(2 H d, D)`
     (and bias) split per head into `q_proj` and `gate_proj` `(H d, D)`; every row count
-    cross-checked against the config."""
+    cross-checked against the config; the checkpoint's one module per expert stacked
+    into the fused experts (`convert._experts.join_expert_modules`)."""
+    entries = join_expert_modules(entries, QWEN2_MOE_MODULES)
     entries = _split_linear(entries, spec)
     return _shared.split_query_gate(entries, spec.num_heads, spec.head_dim)
 
@@ -180,7 +183,8 @@ def canonical_state_dict(entries, spec):
 def checkpoint_state_dict(tensors, spec):
     """The inverse (`CausalLM.save_pretrained`): `in_proj_qkv` / `in_proj_z` and
     `in_proj_b` / `in_proj_a` fused back per key head, `q_proj` and `gate_proj` interleaved
-    per head back into `q_proj`."""
+    per head back into `q_proj`; the experts one module each, as transformers writes them."""
+    tensors = split_expert_modules(tensors, QWEN2_MOE_MODULES)
     tensors = _shared.join_query_gate(tensors, spec.num_heads, spec.head_dim)
     keys = [k for k in tensors if k.endswith("linear_attn.in_proj_qkv.weight")]
     if not keys:
