@@ -10,6 +10,7 @@ from keras import ops
 from keras_attn._validation import check_positive_float, check_positive_int
 from keras_attn.cache import empty_cache
 from keras_attn.layers._common import check_not_quantized
+from keras_attn.models import _padding
 from keras_attn.models._checks import _built_width, _check_kv_sharing, _check_token_ids
 from keras_attn.models._generate_loop import generate_over_kept_loops
 
@@ -337,13 +338,21 @@ class CausalLM(keras.Model):
             logits = cap * ops.tanh(logits / cap)
         return logits
 
-    def call(self, token_ids):
+    def call(self, token_ids, padding_mask=None, attention_mask=None):
+        """Logits `(B, T, V)`; with a padding mask, see `_padding.padded_call`."""
+        token_ids, mask = _padding.unpack_inputs(token_ids, padding_mask, attention_mask)
         token_ids = _check_token_ids("token_ids", token_ids, self.vocabulary_size)
+        if mask is not None:
+            return _padding.padded_call(self._forward, token_ids, mask)
+        return self._forward(token_ids)
+
+    def _forward(self, token_ids):
         x = self._embed(token_ids)
         x, _ = self._blocks(x, self._per_layer_inputs(token_ids, x))
         return self._logits(x)
 
-    def compute_output_spec(self, token_ids):
+    def compute_output_spec(self, token_ids, padding_mask=None, attention_mask=None):
+        token_ids, _ = _padding.unpack_inputs(token_ids, padding_mask, attention_mask)
         _check_token_ids("token_ids", token_ids)
         shape = tuple(token_ids.shape)
         return keras.KerasTensor(shape + (self.vocabulary_size,), dtype=self.compute_dtype)
@@ -363,7 +372,8 @@ class CausalLM(keras.Model):
 
     def generate(self, prompt_ids, max_length: int, *, end_token_id=None,
                  temperature: float = 0.0, top_k: int | None = None, seed=None,
-                 jit_compile="auto"):
+                 jit_compile="auto", padding_mask=None, attention_mask=None,
+                 pad_token_id: int | None = None, return_lengths: bool = False):
         """Extend `prompt_ids` `(B, P)` to `(B, L)` tokens, greedy by default.
 
         A prefill over the prompt, then one cached step per token inside
@@ -414,7 +424,10 @@ class CausalLM(keras.Model):
         """
         return generate_over_kept_loops(self, prompt_ids, max_length, end_token_id=end_token_id,
                                         temperature=temperature, top_k=top_k, seed=seed,
-                                        jit_compile=jit_compile)
+                                        jit_compile=jit_compile, padding_mask=padding_mask,
+                                        attention_mask=attention_mask,
+                                        pad_token_id=pad_token_id,
+                                        return_lengths=return_lengths)
 
     def save(self, filepath, *args, **kwargs):
         """`keras.Model.save`, refusing a quantized model before a file is written
