@@ -117,7 +117,17 @@ class CausalLM(keras.Model):
         **kwargs: `name`, `dtype` and the other arguments of `keras.Model`.
 
     Call arguments:
-        token_ids: int `(B, T)`.
+        token_ids: int `(B, T)`; or keras-hub's dict `{"token_ids": ...,
+            "padding_mask": ...}` (the form `fit` and `predict` pass a model
+            given a dict; `"attention_mask"` is accepted in it too).
+        padding_mask: None, or bool/int `(B, T)`, True/1 = a real token: a
+            batch padded on the left (every row's last position real) or on
+            the right (every row's first position real). Each row's logits
+            at its real positions are those of the row alone (left padding:
+            rolled to the right, the forward, rolled back); at padded
+            positions they are 0. A concrete mask of another layout is a
+            `ValueError`; a traced one (inside `fit`) is taken as given.
+        attention_mask: transformers' name for `padding_mask` (not both).
 
     Returns:
         The logits, `(B, T, V)` in the compute dtype.
@@ -409,8 +419,15 @@ class CausalLM(keras.Model):
         depends on XLA (its stateless random kernels differ with and
         without it).
 
+        Padded batches (`padding_mask`; docs/guides/cache.md): each row is
+        decoded as if alone (rolled to right padding, fed its own prompt
+        tokens until its prompt ends); right-padded rows come back as
+        keras-hub's (prompt, `L - len_i` new tokens), left-padded ones as
+        transformers' (the same pads, the prompt, `L - P` new tokens).
+
         Args:
-            prompt_ids: int `(B, P)`, every row P real tokens.
+            prompt_ids: int `(B, P)`: every row P real tokens, or padded as
+                `padding_mask` says.
             max_length: L > P, the length of the result (prompt included).
             end_token_id: None, a stop token id, or a list of them.
             temperature: 0 for greedy decoding, else the sampling
@@ -418,9 +435,34 @@ class CausalLM(keras.Model):
             top_k: with sampling, only among the k most likely tokens.
             seed: an int or `keras.random.SeedGenerator`, for sampling.
             jit_compile: "auto", True or False, as described above.
+            padding_mask: None, or bool/int `(B, P)`, True/1 = a real token
+                (keras-hub's name): every row padded on the left (its last
+                position real) or every row on the right (its first position
+                real). Holes, a row without a real token or a mix of sides
+                are a `ValueError`; so is a model whose RoPE recomputes its
+                caches (longrope) with rows of different lengths.
+            attention_mask: transformers' name for `padding_mask` (not both).
+            pad_token_id: None, or an id in `[0, V)` for the positions after a
+                row's stop token (None: the first stop id, as without it).
+            return_lengths: also return each row's real tokens (prompt and
+                generated, the stop token included).
 
         Returns:
-            int32 `(B, L)`: the prompt, then the generated tokens.
+            int32 `(B, L)`: the prompt, then the generated tokens (in the
+            layouts above for a padded prompt); with `return_lengths`,
+            `(tokens, lengths)`, `lengths` int32 `(B,)`.
+
+        Example: a left-padded batch, transformers' layout back.
+
+        >>> import numpy as np
+        >>> import keras_attn
+        >>> lm = keras_attn.CausalLM(32, 16, [keras_attn.TransformerDecoderLayer(
+        ...     2, intermediate_dim=32, rope_max_wavelength=1e4)])
+        >>> ids = np.array([[0, 0, 5, 6], [7, 8, 9, 10]])  # row 0: 2 pads (id 0)
+        >>> tokens, lengths = lm.generate(ids, 8, padding_mask=ids != 0,
+        ...                               return_lengths=True)
+        >>> np.asarray(tokens)[:, :4].tolist(), np.asarray(lengths).tolist()
+        ([[0, 0, 5, 6], [7, 8, 9, 10]], [6, 8])
         """
         return generate_over_kept_loops(self, prompt_ids, max_length, end_token_id=end_token_id,
                                         temperature=temperature, top_k=top_k, seed=seed,
