@@ -4,6 +4,7 @@
     python -m benchmarks.models --backend torch --quick
     python -m benchmarks.models --json models.json
     python -m benchmarks.models --model mixtral          # the mixture-of-experts point
+    python -m benchmarks.models --backend jax --quick --padded  # also B=8, mixed lengths
 
 Model `--model mixtral` (issue 34): the same sizes as a Mixtral (8 experts of SwiGLU
 1408, top-2, softmax over all experts then renormalised top-2, as transformers'
@@ -38,6 +39,9 @@ Figures (B=1, prompt P=512, N=128 new greedy tokens; train at B=4, T=512):
 - decode per token: (generate - prefill) / N;
 - train step: `train_on_batch` (SGD, sparse cross-entropy from logits) for the Keras
   models, the same step as a torch loop for HF;
+- with `--padded`, keras_attn only: `generate` of a left-padded batch of B=8 prompts
+  of mixed lengths (P/8 .. P: the prompt's last tokens) with its `padding_mask`, N new
+  tokens (its full-length row must give HF's tokens);
 - peak RSS of the worker process (every contender of a backend lives in it).
 Each backend runs in a fresh process that builds every contender, warms each up
 (JAX and TensorFlow compile there), then times them in turn, round after round;
@@ -117,6 +121,7 @@ def _keras_contender(model, logits, generate, train_inputs, train_targets, **com
 
 
 def _ours(folder, spec):
+    import numpy as np
     from safetensors.numpy import load_file
 
     from keras_attn.convert import causal_lm_from_transformers
@@ -127,10 +132,25 @@ def _ours(folder, spec):
     lm = causal_lm_from_transformers(config, state)
     length = spec["prompt"] + spec["new"]
     ids, targets = _train_batch(spec)
-    return _keras_contender(
+    contender = _keras_contender(
         lm, lambda prompt: lm.predict_on_batch(prompt.astype("int32")),
         lambda prompt: lm.generate(prompt.astype("int32"), max_length=length),
         ids, targets)
+    contender["padded"] = lambda ids, mask: np.asarray(
+        lm.generate(ids, max_length=length, padding_mask=mask))
+    return contender
+
+
+def _padded_batch(prompt, batch=8):
+    """A left-padded (B, P) batch: row i the last P (i + 1) / B tokens of `prompt` (1, P)."""
+    import numpy as np
+
+    P = prompt.shape[1]
+    ids, mask = np.zeros((batch, P), "int32"), np.zeros((batch, P), bool)
+    for i in range(batch):
+        n = max(1, P * (i + 1) // batch)
+        ids[i, P - n:], mask[i, P - n:] = prompt[0, P - n:], True
+    return ids, mask
 
 
 def _hub(folder, spec):
@@ -247,6 +267,13 @@ def worker(spec):
         runs[f"{name}/train"] = c["train"]
     print(f"[models] {backend}: timing {len(contenders)} contenders, {spec['rounds']} rounds",
           file=sys.stderr, flush=True)
+    if spec.get("padded") and "keras_attn" in contenders:
+        padded = contenders["keras_attn"]["padded"]
+        ids, mask = _padded_batch(prompt)
+        tokens = padded(ids, mask)  # the warm-up; its last row is the whole prompt
+        checks["keras_attn"]["padded_tokens_equal"] = bool(
+            np.array_equal(tokens[-1:], reference["tokens"]))
+        runs["keras_attn/padded_generate"] = lambda: padded(ids, mask)
     times = common.medians(common.interleaved(runs, spec["rounds"]))
     result = {"checks": checks, "notes": notes, "info": _device.describe(),
               "peak_rss_gib": common.peak_rss_gib(), "ms": {}}
@@ -255,6 +282,9 @@ def worker(spec):
         result["ms"][name] = {"prefill": prefill * 1e3, "generate": generate * 1e3,
                               "decode": (generate - prefill) / spec["new"] * 1e3,
                               "train": times[f"{name}/train"] * 1e3}
+    if "keras_attn/padded_generate" in times:
+        result["ms"]["keras_attn"]["padded_generate_b8"] = (
+            times["keras_attn/padded_generate"] * 1e3)
     return result
 
 
@@ -293,6 +323,10 @@ def table(results, spec):
         for name, note in r["notes"].items():
             if name not in r["checks"]:
                 lines.append(f"| {backend} | {name} | | | {note} | | | | |")
+        if ours and "padded_generate_b8" in ours:
+            lines.append(f"| {backend} | keras_attn, B=8 mixed lengths (--padded) | | "
+                         f"{'same' if r['checks']['keras_attn']['padded_tokens_equal'] else 'DIFFER'}"
+                         f" | | | {ours['padded_generate_b8']:.1f} | | |")
         lines.append(f"| {backend} | (worker peak RSS {r['peak_rss_gib']:.2f} GiB) "
                      "| | | | | | | |")
     return "\n".join(lines)
@@ -306,12 +340,15 @@ def main(argv=None):
                        json_help="write the results here")
     parser.add_argument("--model", choices=sorted(MODELS), default="llama",
                         help="the architecture (default llama; mixtral: 8 experts, top-2)")
+    parser.add_argument("--padded", action="store_true",
+                        help="also time keras_attn's generate of a padded B=8 batch")
     args = parser.parse_args(argv)
     if args.worker:
         return common.worker_main(worker, args.worker)
     spec = dict(QUICK if args.quick else DEFAULTS, model=args.model)
     if args.rounds:
         spec["rounds"] = args.rounds
+    spec["padded"] = args.padded
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         print("[models] building the transformers checkpoint ...", file=sys.stderr, flush=True)

@@ -27,7 +27,9 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
              end_token_id: int | Sequence[int] | Tensor | None = None,
              temperature: float = 0.0, top_k: int | None = None,
              seed: int | keras.random.SeedGenerator | None = None,
-             recompute_cache_at: int | Sequence[int] | None = None) -> Tensor:
+             recompute_cache_at: int | Sequence[int] | None = None,
+             prompt_lengths: Tensor | None = None,
+             prefill_length: int | None = None) -> Tensor:
     """Extend `prompt` token by token up to `max_length`, greedy or sampled.
 
     The contract of `next_token_fn(token_ids, cache, cache_update_index)`:
@@ -92,6 +94,21 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             `CausalLM.generate` passes): the cached keys, rotated with the short
             factors, are recomputed, so that every step's logits are the
             uncached forward's over the sequence so far.
+        prompt_lengths: None (every row P real tokens), or int `(B,)`: a
+            right-padded prompt, row i's real tokens at positions
+            `0 .. prompt_lengths[i] - 1` (each in `[1, P]`). The decoding
+            starts from the shortest length; a row whose prompt is longer
+            than the position being decoded is fed its own prompt token
+            (teacher forcing), so every row's tokens are its own, decoded
+            alone (`CausalLM.generate(padding_mask=...)` uses it). The
+            prefill then needs the logits of all its T positions. Not with
+            `recompute_cache_at`.
+        prefill_length: None (the prefill takes all P prompt tokens; with
+            `prompt_lengths`, slots past a row's length get values that the
+            later steps overwrite before they are attended), or, with
+            `prompt_lengths`, an int <= min(prompt_lengths): the prefill
+            takes that many tokens, the steps the rest (for a recurrent
+            state, into which a pad would fold).
 
     Returns:
         int32 `(B, L)`: the prompt, then the generated tokens.
@@ -155,9 +172,22 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
     stops = _stop_token_ids(end_token_id)  # a tuple of Python ints, () for None
     prompt = ops.cast(prompt, "int32")
     recompute = _recompute_lengths(recompute_cache_at)
+    if prompt_lengths is not None:
+        if recompute:
+            raise ValueError("`prompt_lengths` (a padded prompt) cannot be combined with "
+                             f"`recompute_cache_at`. Received: recompute_cache_at={recompute}")
+        prompt_lengths = ops.cast(ops.convert_to_tensor(prompt_lengths), "int32")
+        if static_shape(prompt_lengths) != (batch,):
+            raise ValueError(f"`prompt_lengths` must be int (B,) = ({batch},). Received: "
+                             f"prompt_lengths.shape={static_shape(prompt_lengths)}")
+    if prefill_length is not None and (prompt_lengths is None or not (
+            isinstance(prefill_length, numbers.Integral) and 0 < prefill_length <= prompt_length)):
+        raise ValueError("`prefill_length` must be None or, with `prompt_lengths`, an int in "
+                         f"[1, P]. Received: prefill_length={prefill_length!r}")
     tokens = _generate(next_token_fn, prompt, max_length, cache, stops=stops,
                        end_token_id=end_token_id, temperature=temperature, top_k=top_k, seed=seed,
-                       recompute=recompute)
+                       recompute=recompute, prompt_lengths=prompt_lengths,
+                       prefill_length=prefill_length)
     check_generated(tokens, max_length)
     return tokens
 
@@ -188,12 +218,31 @@ def _recompute_lengths(value):
 
 
 def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, temperature,
-              top_k, seed, recompute=()):
-    """The prefill and the decoding loop, on checked arguments."""
+              top_k, seed, recompute=(), prompt_lengths=None, prefill_length=None):
+    """The prefill and the decoding loop, on checked arguments.
+
+    With `prompt_lengths` (a right-padded prompt), `start` (the first position decoded) is
+    the shortest length, a tensor, and `forced` keeps each row's own prompt tokens."""
     batch, prompt_length = static_shape(prompt)
+    padded = prompt_lengths is not None
+    prefill = prompt if prefill_length is None else prompt[:, :prefill_length]
     logits, cache = _check_returned(
-        next_token_fn(prompt, cache, ops.convert_to_tensor(0, "int32")),
-        cache, batch, prompt_length, None, prefill=True)
+        next_token_fn(prefill, cache, ops.convert_to_tensor(0, "int32")),
+        cache, batch, static_shape(prefill)[1], None, prefill=True)
+    start = prompt_length
+    if padded and prefill_length is not None:
+        start = prefill_length  # the steps feed the rest
+    elif padded:
+        start = ops.min(prompt_lengths)
+        # The logits of each position are needed: the shortest row's last.
+        if static_shape(logits)[1] == 1 and prompt_length > 1:
+            raise ValueError("With `prompt_lengths`, the prefill's logits must cover its "
+                             f"T = {prompt_length} positions. Received: logits.shape="
+                             f"{static_shape(logits)}")
+        logits = ops.expand_dims(ops.take(logits, start - 1, axis=1), 1)
+    # The generated positions `offset ..` index the noise (offset 1 with a padded prompt,
+    # whose rows start at different positions).
+    offset = 1 if padded else prompt_length
     vocabulary = static_shape(logits)[-1]
     if vocabulary is not None and any(stop >= vocabulary for stop in stops):
         raise ValueError(
@@ -208,7 +257,7 @@ def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, 
             # negative one or one >= 2**32. Modulo 2**32 everywhere: any int on every
             # backend, the same draws as before on TensorFlow and PyTorch.
             seed = int(seed) % 2**32
-        uniform = keras.random.uniform((max_length - prompt_length, batch, vocabulary),
+        uniform = keras.random.uniform((max_length - offset, batch, vocabulary),
                                        minval=1e-7, maxval=1.0, seed=seed)
         noise = -ops.log(-ops.log(uniform))
 
@@ -232,10 +281,20 @@ def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, 
     fill = stops[0] if stops else 0
     tokens = ops.full((batch, max_length), fill, dtype="int32")
     tokens = ops.slice_update(tokens, [0, 0], prompt)
-    first = choose(logits[:, -1], 0)
+
+    def forced(chosen, position):
+        """Rows whose prompt covers `position` keep its token (and are not done by it)."""
+        if not padded:
+            return chosen, None
+        kept = ops.less(position, prompt_lengths)  # (B,)
+        own = ops.take(tokens, ops.minimum(position, max_length - 1), axis=1)
+        return ops.where(kept, own, chosen), ops.logical_not(kept)
+
+    first = choose(logits[:, -1], start - offset)
     done = ops.zeros((batch,), dtype="bool")
-    first, done = _finish(first, done, stops)
-    tokens = ops.slice_update(tokens, [0, prompt_length], ops.expand_dims(first, 1))
+    first, active = forced(first, start)
+    first, done = _finish(first, done, stops, active)
+    tokens = ops.slice_update(tokens, [0, start], ops.expand_dims(first, 1))
 
     def cond(index, tokens, cache, done):
         return ops.logical_and(ops.less(index, max_length - 1),
@@ -257,8 +316,9 @@ def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, 
                                             prefill=False)
             check_capacity(given, cache, max_length)
             step_checked.append(True)
-        chosen = choose(logits[:, -1], index - prompt_length + 1)
-        chosen, done = _finish(chosen, done, stops)
+        chosen = choose(logits[:, -1], index + 1 - offset)
+        chosen, active = forced(chosen, index + 1)
+        chosen, done = _finish(chosen, done, stops, active)
         tokens = ops.slice_update(tokens, [0, index + 1], ops.expand_dims(chosen, 1))
         return index + 1, tokens, cache, done
 
@@ -276,7 +336,7 @@ def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, 
         tokens = ops.slice_update(tokens, [0, index + 1], ops.expand_dims(chosen, 1))
         return index + 1, tokens, cache, done
 
-    state = (ops.convert_to_tensor(prompt_length, "int32"), tokens, cache, done)
+    state = (ops.cast(ops.convert_to_tensor(start), "int32"), tokens, cache, done)
     for length in recompute:
         if not prompt_length < length <= max_length - 1:
             continue  # the prompt is that long already, or no step reaches it
@@ -333,14 +393,17 @@ def _untouched(before, after):
     return after is before or not (isinstance(after, KVCache) or _is_array(after))
 
 
-def _finish(chosen, done, stops):
-    """Rows already done emit the first stop token; a row that emits any stop token is done."""
+def _finish(chosen, done, stops, active=None):
+    """Rows already done emit the first stop token; a row that emits any stop token is done
+    (among the `active` rows, if given: those generating, not fed their prompt)."""
     if not stops:
         return chosen, done
     chosen = ops.where(done, stops[0], chosen)
     hit = ops.equal(chosen, stops[0])
     for stop in stops[1:]:
         hit = ops.logical_or(hit, ops.equal(chosen, stop))
+    if active is not None:
+        hit = ops.logical_and(hit, active)
     return chosen, ops.logical_or(done, hit)
 
 

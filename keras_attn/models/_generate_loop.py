@@ -12,6 +12,7 @@ from keras_attn._validation import check_positive_int, concrete_value
 from keras_attn.cache import empty_cache
 from keras_attn.generation import _check_temperature, _stop_token_ids, check_generated
 from keras_attn.generation import generate as generate_tokens
+from keras_attn.models import _padding
 from keras_attn.models._checks import _check_token_ids
 
 __all__ = ["cache_recompute_lengths", "forget_if_changed", "generate_over_kept_loops",
@@ -65,16 +66,20 @@ class _GenerateLoop(keras.Model):
     2-layer model, against 5 ms for keras-hub's cached function).
     """
 
-    def __init__(self, lm, max_length, options, jit_compile, step=None):
+    def __init__(self, lm, max_length, options, jit_compile, step=None, prefill_length=None):
         super().__init__(name=f"{lm.name}_generate")
         self.lm, self.max_length, self.options = lm, max_length, options
+        self.prefill_length = prefill_length  # a padded prompt's, for recurrent states
         self.jit_compile = jit_compile
         self.step = step  # the traced decoding step (PyTorch, "auto"), or None
         self.traces = 0  # how often `call` ran: once per compilation, at every eager call
         self.built = True  # the weights are the (built) lm's
 
-    def call(self, prompt_ids):
+    def call(self, inputs):
+        """`inputs`: `{"prompt_ids": (B, P)}`, and `"prompt_lengths": (B,)` for a
+        right-padded prompt (`keras_attn.generation.generate`'s `prompt_lengths`)."""
         self.traces += 1
+        prompt_ids = inputs["prompt_ids"]
         batch = prompt_ids.shape[0]
         caches = _empty_caches(self.lm, batch, self.max_length)
         step = self.lm.next_token_logits
@@ -83,7 +88,8 @@ class _GenerateLoop(keras.Model):
             step = self._prefill_eagerly_then(self.step)
         return generate_tokens(step, prompt_ids, self.max_length, caches,
                                recompute_cache_at=cache_recompute_lengths(self.lm),
-                               **self.options)
+                               prompt_lengths=inputs.get("prompt_lengths"),
+                               prefill_length=self.prefill_length, **self.options)
 
     def _prefill_eagerly_then(self, traced):
         """The prefill (P tokens, once) eagerly; the decoding steps (1 token) from `traced`."""
@@ -172,11 +178,49 @@ def _default_jit_compile():
     return keras.backend.backend() in ("jax", "tensorflow")
 
 def generate_over_kept_loops(lm, prompt_ids, max_length, *, end_token_id, temperature, top_k,
-                             seed, jit_compile):
-    """`CausalLM.generate` (its docstring): the arguments checked, then the loop kept for this
-    prompt shape and these settings (made and compiled the first time), or, for a traced
-    prompt, NumPy or unseeded sampling, the loop run as it is."""
+                             seed, jit_compile, padding_mask=None, attention_mask=None,
+                             pad_token_id=None, return_lengths=False):
+    """`CausalLM.generate` (its docstring): the arguments checked, a padded prompt brought to
+    right padding (`_padding`), then the loop kept for this prompt shape and these settings
+    (made and compiled the first time), or, for a traced prompt, NumPy or unseeded
+    sampling, the loop run as it is; then the rows in the caller's layout."""
     prompt_ids = _check_token_ids("prompt_ids", prompt_ids, lm.vocabulary_size)
+    mask = _padding.padding_argument(padding_mask, attention_mask)
+    pad_token_id = _padding.check_pad_token_id(pad_token_id, lm.vocabulary_size)
+    if not isinstance(return_lengths, bool):
+        raise ValueError(f"`return_lengths` must be a bool. Received: "
+                         f"return_lengths={return_lengths!r}")
+    layout, lengths = None, None
+    if mask is not None:
+        name = "padding_mask" if padding_mask is not None else "attention_mask"
+        layout, lengths = _padding.layout_of(mask, tuple(prompt_ids.shape), name)
+    if layout is not None and cache_recompute_lengths(lm):
+        # Rows of different lengths would cross longrope's switch at different steps, and
+        # the one prefill over all P positions picks the factors by P.
+        raise ValueError(
+            f"`{name}` with rows of different lengths is not supported by a model whose RoPE "
+            "recomputes its caches (longrope's cache_recompute_length "
+            f"{list(cache_recompute_lengths(lm))}). Received: {name} with lengths "
+            f"{lengths.tolist()}")
+    tokens = _generate_rows(lm, prompt_ids, max_length, layout, lengths,
+                            end_token_id=end_token_id, temperature=temperature, top_k=top_k,
+                            seed=seed, jit_compile=jit_compile)
+    if layout is None and pad_token_id is None and not return_lengths:
+        return tokens  # today's result
+    stops = _stop_token_ids(end_token_id)
+    prompt_length = tuple(prompt_ids.shape)[1]
+    if lengths is None:
+        lengths = np.full((tuple(prompt_ids.shape)[0],), prompt_length, "int32")
+    tokens, totals = _padding.finish_rows(tokens, lengths, stops, pad_token_id)
+    if layout == "left":
+        tokens, totals = _padding.to_left(prompt_ids, tokens, lengths, totals)
+    return (tokens, totals) if return_lengths else tokens
+
+
+def _generate_rows(lm, prompt_ids, max_length, layout, lengths, *, end_token_id, temperature,
+                   top_k, seed, jit_compile):
+    """The generation over right-layout rows: `(B, L)`, row i its prompt at `0 ..
+    lengths[i] - 1` (`layout` "left" or "right"; None: no padding), then its tokens."""
     batch, prompt_length = tuple(prompt_ids.shape)
     max_length = check_positive_int("max_length", max_length)
     if prompt_length is not None and max_length <= prompt_length:
@@ -199,6 +243,16 @@ def generate_over_kept_loops(lm, prompt_ids, max_length, *, end_token_id, temper
     step = traced_step_of(lm) if jit_compile == "auto" else None
     jit_compile = _default_jit_compile() if jit_compile == "auto" else jit_compile
     sampling = _check_temperature(temperature) > 0
+    padded = {}
+    if layout is not None:
+        shifts = np.zeros_like(lengths) if layout == "right" else prompt_length - lengths
+        prompt_ids = _padding.roll_rows(prompt_ids, shifts)
+        # A recurrent state cannot take the pads of a prefill over all P positions: its
+        # prefill is the shortest row's, a static length, so part of the kept loop's key.
+        recurrent = any(getattr(getattr(block, "self_attention", None),
+                                "has_recurrent_state", False) for block in lm.blocks)
+        padded = {"prompt_lengths": lengths,
+                  "prefill_length": int(lengths.min()) if recurrent else None}
     prompt = concrete_value(prompt_ids)
     if (keras.backend.backend() == "numpy" or prompt is None
             or (sampling and not isinstance(seed, numbers.Integral))):
@@ -206,7 +260,7 @@ def generate_over_kept_loops(lm, prompt_ids, max_length, *, end_token_id, temper
         return generate_tokens(lm.next_token_logits, prompt_ids, max_length, caches,
                                end_token_id=end_token_id, temperature=temperature,
                                top_k=top_k, seed=seed,
-                               recompute_cache_at=cache_recompute_lengths(lm))
+                               recompute_cache_at=cache_recompute_lengths(lm), **padded)
     stops = _stop_token_ids(end_token_id)  # checked here, before anything compiles
     top_k = check_positive_int("top_k", top_k, allow_none=True)
     options = {"end_token_id": list(stops) or None, "temperature": float(temperature),
@@ -214,11 +268,18 @@ def generate_over_kept_loops(lm, prompt_ids, max_length, *, end_token_id, temper
     # The prompt's shape is part of the key: a loop traced for one (B, P) and called
     # with another is retraced by TensorFlow with the batch relaxed to None, which the
     # caches cannot size (generate on (2, 4) then (1, 4) raised, issue 38).
+    # A padded prompt's loop takes its lengths as an input (one compile per prompt shape),
+    # and, for a recurrent state, its prefill length as a constant.
     key = (tuple(prompt.shape), max_length, stops, options["temperature"], top_k,
-           options["seed"], bool(jit_compile), step is not None)
+           options["seed"], bool(jit_compile), step is not None, bool(padded),
+           padded.get("prefill_length"))
     loops = loops_of(lm)
     if key not in loops:
-        loops[key] = _GenerateLoop(lm, max_length, options, bool(jit_compile), step)
-    tokens = np.asarray(loops[key].predict_on_batch(np.asarray(prompt, "int32")))
+        loops[key] = _GenerateLoop(lm, max_length, options, bool(jit_compile), step,
+                                   padded.get("prefill_length"))
+    inputs = {"prompt_ids": np.asarray(prompt, "int32")}
+    if padded:
+        inputs["prompt_lengths"] = np.asarray(padded["prompt_lengths"], "int32")
+    tokens = np.asarray(loops[key].predict_on_batch(inputs))
     check_generated(tokens, max_length)  # non-finite logits, once the values are known
     return ops.convert_to_tensor(tokens, "int32")

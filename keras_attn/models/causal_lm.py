@@ -10,6 +10,7 @@ from keras import ops
 from keras_attn._validation import check_positive_float, check_positive_int
 from keras_attn.cache import empty_cache
 from keras_attn.layers._common import check_not_quantized
+from keras_attn.models import _padding
 from keras_attn.models._checks import _built_width, _check_kv_sharing, _check_token_ids
 from keras_attn.models._generate_loop import generate_over_kept_loops
 
@@ -116,7 +117,17 @@ class CausalLM(keras.Model):
         **kwargs: `name`, `dtype` and the other arguments of `keras.Model`.
 
     Call arguments:
-        token_ids: int `(B, T)`.
+        token_ids: int `(B, T)`; or keras-hub's dict `{"token_ids": ...,
+            "padding_mask": ...}` (the form `fit` and `predict` pass a model
+            given a dict; `"attention_mask"` is accepted in it too).
+        padding_mask: None, or bool/int `(B, T)`, True/1 = a real token: a
+            batch padded on the left (every row's last position real) or on
+            the right (every row's first position real). Each row's logits
+            at its real positions are those of the row alone (left padding:
+            rolled to the right, the forward, rolled back); at padded
+            positions they are 0. A concrete mask of another layout is a
+            `ValueError`; a traced one (inside `fit`) is taken as given.
+        attention_mask: transformers' name for `padding_mask` (not both).
 
     Returns:
         The logits, `(B, T, V)` in the compute dtype.
@@ -337,13 +348,21 @@ class CausalLM(keras.Model):
             logits = cap * ops.tanh(logits / cap)
         return logits
 
-    def call(self, token_ids):
+    def call(self, token_ids, padding_mask=None, attention_mask=None):
+        """Logits `(B, T, V)`; with a padding mask, see `_padding.padded_call`."""
+        token_ids, mask = _padding.unpack_inputs(token_ids, padding_mask, attention_mask)
         token_ids = _check_token_ids("token_ids", token_ids, self.vocabulary_size)
+        if mask is not None:
+            return _padding.padded_call(self._forward, token_ids, mask)
+        return self._forward(token_ids)
+
+    def _forward(self, token_ids):
         x = self._embed(token_ids)
         x, _ = self._blocks(x, self._per_layer_inputs(token_ids, x))
         return self._logits(x)
 
-    def compute_output_spec(self, token_ids):
+    def compute_output_spec(self, token_ids, padding_mask=None, attention_mask=None):
+        token_ids, _ = _padding.unpack_inputs(token_ids, padding_mask, attention_mask)
         _check_token_ids("token_ids", token_ids)
         shape = tuple(token_ids.shape)
         return keras.KerasTensor(shape + (self.vocabulary_size,), dtype=self.compute_dtype)
@@ -363,7 +382,8 @@ class CausalLM(keras.Model):
 
     def generate(self, prompt_ids, max_length: int, *, end_token_id=None,
                  temperature: float = 0.0, top_k: int | None = None, seed=None,
-                 jit_compile="auto"):
+                 jit_compile="auto", padding_mask=None, attention_mask=None,
+                 pad_token_id: int | None = None, return_lengths: bool = False):
         """Extend `prompt_ids` `(B, P)` to `(B, L)` tokens, greedy by default.
 
         A prefill over the prompt, then one cached step per token inside
@@ -399,8 +419,15 @@ class CausalLM(keras.Model):
         depends on XLA (its stateless random kernels differ with and
         without it).
 
+        Padded batches (`padding_mask`; docs/guides/cache.md): each row is
+        decoded as if alone (rolled to right padding, fed its own prompt
+        tokens until its prompt ends); right-padded rows come back as
+        keras-hub's (prompt, `L - len_i` new tokens), left-padded ones as
+        transformers' (the same pads, the prompt, `L - P` new tokens).
+
         Args:
-            prompt_ids: int `(B, P)`, every row P real tokens.
+            prompt_ids: int `(B, P)`: every row P real tokens, or padded as
+                `padding_mask` says.
             max_length: L > P, the length of the result (prompt included).
             end_token_id: None, a stop token id, or a list of them.
             temperature: 0 for greedy decoding, else the sampling
@@ -408,13 +435,41 @@ class CausalLM(keras.Model):
             top_k: with sampling, only among the k most likely tokens.
             seed: an int or `keras.random.SeedGenerator`, for sampling.
             jit_compile: "auto", True or False, as described above.
+            padding_mask: None, or bool/int `(B, P)`, True/1 = a real token
+                (keras-hub's name): every row padded on the left (its last
+                position real) or every row on the right (its first position
+                real). Holes, a row without a real token or a mix of sides
+                are a `ValueError`; so is a model whose RoPE recomputes its
+                caches (longrope) with rows of different lengths.
+            attention_mask: transformers' name for `padding_mask` (not both).
+            pad_token_id: None, or an id in `[0, V)` for the positions after a
+                row's stop token (None: the first stop id, as without it).
+            return_lengths: also return each row's real tokens (prompt and
+                generated, the stop token included).
 
         Returns:
-            int32 `(B, L)`: the prompt, then the generated tokens.
+            int32 `(B, L)`: the prompt, then the generated tokens (in the
+            layouts above for a padded prompt); with `return_lengths`,
+            `(tokens, lengths)`, `lengths` int32 `(B,)`.
+
+        Example: a left-padded batch, transformers' layout back.
+
+        >>> import numpy as np
+        >>> import keras_attn
+        >>> lm = keras_attn.CausalLM(32, 16, [keras_attn.TransformerDecoderLayer(
+        ...     2, intermediate_dim=32, rope_max_wavelength=1e4)])
+        >>> ids = np.array([[0, 0, 5, 6], [7, 8, 9, 10]])  # row 0: 2 pads (id 0)
+        >>> tokens, lengths = lm.generate(ids, 8, padding_mask=ids != 0,
+        ...                               return_lengths=True)
+        >>> np.asarray(tokens)[:, :4].tolist(), np.asarray(lengths).tolist()
+        ([[0, 0, 5, 6], [7, 8, 9, 10]], [6, 8])
         """
         return generate_over_kept_loops(self, prompt_ids, max_length, end_token_id=end_token_id,
                                         temperature=temperature, top_k=top_k, seed=seed,
-                                        jit_compile=jit_compile)
+                                        jit_compile=jit_compile, padding_mask=padding_mask,
+                                        attention_mask=attention_mask,
+                                        pad_token_id=pad_token_id,
+                                        return_lengths=return_lengths)
 
     def save(self, filepath, *args, **kwargs):
         """`keras.Model.save`, refusing a quantized model before a file is written

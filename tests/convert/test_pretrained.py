@@ -4,9 +4,10 @@ tests/assets/pretrained/<case>/ are folders written by transformers' `save_pretr
 (tools/make_pretrained_fixtures.py, torch env): Llama, Phi-3 (fused projections),
 StarCoder 2 (LayerNorm, biases), Gemma 3 in two shards with `model.safetensors.index.json`,
 Qwen 2 in bfloat16 and two shards, Mixtral (four shards) and Qwen3-MoE with one module per
-expert as transformers writes them (and the Hub holds them); each with `reference.npz`, transformers' float32 logits and greedy
-tokens. They are read here on every backend with no torch or transformers; a subprocess
-proves neither is imported. The torch environment also writes a folder live.
+expert as transformers writes them (and the Hub holds them); each with `reference.npz`,
+transformers' float32 logits and greedy tokens. They are read here on every backend with
+no torch or transformers; a subprocess proves neither is imported. The torch environment
+also writes a folder live.
 """
 
 import json
