@@ -115,3 +115,20 @@ def test_generate_decodes_the_model_as_it_is_now(change):
     assert_greedy_over_uncached(lm, after, 3)
     if change != "quantize":  # the ablation: the change matters (int8 may keep the argmax)
         assert not np.array_equal(after, before)
+
+
+def test_predicting_or_training_keeps_the_compiled_loop():
+    """Before: `predict_on_batch` and `train_on_batch` set Keras's `predict_function` /
+    `train_function` (None before), which counted as a change of the model, so the next
+    `generate` dropped its kept loop and compiled it again (JAX: 7.0 s against 0.02 s)."""
+    from keras_attn.models._generate_loop import loops_of
+
+    lm = _lm()
+    ids = np.array([[1, 2, 3], [4, 5, 6]], "int32")
+    lm.generate(ids, max_length=10)
+    (loop,) = loops_of(lm).values()
+    lm.predict_on_batch(ids)
+    lm.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    lm.train_on_batch(ids, ids)
+    lm.generate(ids, max_length=10)
+    assert list(loops_of(lm).values()) == [loop]
