@@ -278,7 +278,8 @@ def _glm4_dict():
 
 @pytest.mark.parametrize("name", ["llama", "gemma3_text", "qwen3", "granite", "phi3",
                                   "starcoder2", "olmo2", "exaone4", "mixtral", "qwen3_moe",
-                                  "gpt_oss", "deepseek_v3", "qwen3_5_text", "qwen3_next"])
+                                  "gpt_oss", "deepseek_v3", "qwen3_5_text", "qwen3_next",
+                                  "llama4_text"])
 def test_transformers_from_pretrained_reads_what_keras_writes(tmp_path, name):
     """Torch env: transformers' `from_pretrained` of the folder `save_pretrained` wrote
     gives the Keras model's logits within 1e-5 (Gemma 3: its `1 + w` norms undone)."""
