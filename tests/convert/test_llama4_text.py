@@ -90,7 +90,12 @@ def test_dict_config_and_numpy_weights(converted):
     again = convert.causal_lm_from_transformers(config, state)
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(again(ids)),
                                   keras.ops.convert_to_numpy(lm(ids)))
-    # The experts given in the fused (E, 2F, D) layout instead: refused by shape, named.
+    # A dense MLP of the wrong width: refused, naming intermediate_size_mlp.
+    bad = dict(state, **{"model.layers.0.feed_forward.up_proj.weight":
+                         state["model.layers.0.feed_forward.up_proj.weight"][:48]})
+    with pytest.raises(ValueError, match=r"intermediate_size_mlp=96"):
+        convert.causal_lm_from_transformers(config, bad)
+    # A stack of experts that disagrees with the config: refused by shape, named.
     key = "model.layers.1.feed_forward.experts.down_proj"
     state[key] = state[key][:, :, :40]
     with pytest.raises(ValueError, match="experts.down_proj"):

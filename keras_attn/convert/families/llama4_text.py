@@ -163,7 +163,8 @@ def spec(config):
     core["intermediate_dim"] = _positive_int(config, "intermediate_size_mlp")  # dense layers'
     return ModelSpec(
         **core, qkv_bias=bias, output_bias=bias, mlp_bias=False, qk_norm=False,
-        final_logit_soft_cap=None, layers=layers, shared_expert_prefix=SHARED_EXPERT_PREFIX)
+        final_logit_soft_cap=None, layers=layers, shared_expert_prefix=SHARED_EXPERT_PREFIX,
+        intermediate_field="intermediate_size_mlp")
 
 
 # (Llama 4's name under a layer, the converter's name, the transpose of the array or None)
