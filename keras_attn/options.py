@@ -15,13 +15,22 @@ where those have them); `H` is `num_heads`, `d` the head width.
 
 import dataclasses
 import functools
+import numbers
 
 from keras_attn import rope as _rope
 from keras_attn._validation import check_positive_float, check_positive_int
 
 __all__ = ["AttentionOptions", "KernelSpec", "expose_options", "kernel_spec", "pop_options"]
 
-QK_NORMS = (None, "rms", "layer")
+QK_NORMS = (None, "rms", "layer", "l2")
+
+
+def _check_offset(value):
+    """`query_scale_offset` as an int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError("`query_scale_offset` must be an integer >= 0. "
+                         f"Received: query_scale_offset={value!r}")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +75,11 @@ class AttentionOptions:
         sliding_window: W, or None: position p attends j only if
             `0 <= p - j < W` (causal) or `|p - j| < W`.
         logit_soft_cap: c > 0, or None: logits become `c * tanh(logits / c)`.
-        qk_norm: None, `"rms"` or `"layer"`: normalise each head's queries
-            and keys over d before RoPE.
+        qk_norm: None, `"rms"`, `"layer"` or `"l2"`: normalise each head's queries
+            and keys over d before RoPE. `"l2"` has no weights: `x / sqrt(mean(x^2) +
+            qk_norm_epsilon)` (transformers' `Llama4TextL2Norm`, which Llama 4 applies
+            after RoPE: the same numbers, as RoPE rotates pairs of features and keeps
+            their mean square); not with `qk_norm_full_width`.
         qk_norm_epsilon: epsilon of the qk norms (> 0).
         scale: the multiplier of the logits `q . k` (> 0), or None for
             `1 / sqrt(d_k)`: `scale` of `keras_attn.scaled_dot_product_attention`,
@@ -86,8 +98,7 @@ class AttentionOptions:
             `rope_parameters["llama_4_scaling_beta"]` and
             `rope_parameters["original_max_position_embeddings"]`). Llama 4's
             temperature tuning (`attn_scale`, `floor_scale`) is the same curve one
-            position later, `floor((p + 1) / floor_scale)`: these two fields do not
-            express it.
+            position later, `floor((p + 1) / floor_scale)`: `query_scale_offset=1`.
         attention_chunk_size: C, or None: chunked (block-diagonal) attention, Llama
             4's `attention_chunk_size` (transformers' `chunked_causal_mask_function`):
             position p attends j only if `floor(j / C) == floor(p / C)` (with the
@@ -123,16 +134,21 @@ class AttentionOptions:
             layer's `KVCache` as `cache` (and the step's `cache_update_index`),
             which it reads and does not write. `CausalLM(kv_sharing=...)`
             passes it.
+        query_scale_offset: o, an int >= 0 (0: the default): the query scale reads
+            position `p + o`, `1 + query_scale_beta * log(1 + floor((p + o) /
+            query_scale_length))`; Llama 4's temperature tuning is o = 1
+            (transformers' `Llama4TextAttention`: `floor((positions + 1) /
+            floor_scale)`). Needs `query_scale_beta` when not 0.
 
     Example:
 
     >>> options = AttentionOptions(num_key_value_heads=2, rope_max_wavelength=1e4)
     >>> options.for_heads(8, key_dim=64).num_key_value_heads
     2
-    >>> AttentionOptions(qk_norm="l2")
+    >>> AttentionOptions(qk_norm="l3")
     Traceback (most recent call last):
         ...
-    ValueError: `qk_norm` must be None, 'rms' or 'layer'. Received: qk_norm='l2'
+    ValueError: `qk_norm` must be None, 'rms', 'layer' or 'l2'. Received: qk_norm='l3'
     """
 
     num_key_value_heads: int | None = None
@@ -165,6 +181,7 @@ class AttentionOptions:
     attention_k_eq_v: bool = False
     use_value_norm: bool = False
     is_kv_shared_layer: bool = False
+    query_scale_offset: int = 0
 
     def __post_init__(self):
         checked = {
@@ -187,6 +204,7 @@ class AttentionOptions:
             "attention_chunk_size": check_positive_int(
                 "attention_chunk_size", self.attention_chunk_size, allow_none=True),
             "qk_norm_full_width": bool(self.qk_norm_full_width),
+            "query_scale_offset": _check_offset(self.query_scale_offset),
         }
         if (self.query_scale_beta is None) != (self.query_scale_length is None):
             raise ValueError(
@@ -194,6 +212,11 @@ class AttentionOptions:
                 "`1 + beta * log(1 + floor(p / length))` needs both), or neither. Received: "
                 f"query_scale_beta={self.query_scale_beta!r}, "
                 f"query_scale_length={self.query_scale_length!r}")
+        if self.query_scale_offset != 0 and self.query_scale_beta is None:
+            raise ValueError(
+                "`query_scale_offset` shifts the position the query scale reads, which needs "
+                "`query_scale_beta` and `query_scale_length`. Received: "
+                f"query_scale_offset={self.query_scale_offset!r}, query_scale_beta=None")
         # The rope_* fields are a RopeSpec's, flat (their saved form), checked as one.
         rope = _rope.check_rope({name: getattr(self, name if name == "rope_type" else f"rope_{name}")
                                  for name in _rope.FIELDS}, prefix="rope_")
@@ -205,12 +228,18 @@ class AttentionOptions:
                 f"Received: rope_type={self.rope_type!r}, rope_max_wavelength=None")
         if self.qk_norm not in QK_NORMS:
             raise ValueError(
-                f"`qk_norm` must be None, 'rms' or 'layer'. Received: qk_norm={self.qk_norm!r}")
+                "`qk_norm` must be None, 'rms', 'layer' or 'l2'. "
+                f"Received: qk_norm={self.qk_norm!r}")
         if self.qk_norm_full_width and self.qk_norm is None:
             raise ValueError(
                 "`qk_norm_full_width` says over which features `qk_norm` normalises, so it "
                 "needs `qk_norm` ('rms' or 'layer'). Received: qk_norm_full_width=True, "
                 "qk_norm=None")
+        if self.qk_norm_full_width and self.qk_norm == "l2":
+            raise ValueError(
+                "`qk_norm='l2'` normalises each head over d (Llama 4's `Llama4TextL2Norm`); "
+                "keras_attn does not apply it over all heads at once. Received: "
+                "qk_norm_full_width=True, qk_norm='l2'")
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # normalised (NumPy ints -> int, ...)
 

@@ -279,6 +279,23 @@ CASES = {
                          "partial_rotary_factor": 0.5}),
         37, ("shared expert's gate removed (its kernel zeroed: 1/2)", "zero_variables",
              {"names": ("shared_expert_gate_kernel",)})),
+    # Llama 4 (issue 34): 4 layers, NoPE every 2nd (no_rope_layer_interval) with the
+    # temperature tuning (attn_scale 0.5, floor_scale 4: floor((p + 1) / 4) up to 6 over
+    # the 24 positions), the RoPE layers chunked (8: three chunks of T) with the weightless
+    # L2 qk-norm and complex (interleaved) RoPE; a mixture every 2nd layer
+    # (interleave_moe_layer_step): 4 experts of F = 48, top-1, the sigmoid score scaling the
+    # expert's input, plus the shared expert; the dense layers 96 wide
+    # (intermediate_size_mlp). Seed 44: every router's top two logits differ by more than
+    # 1e-2 (0.097; tests/convert/test_llama4_text.py asserts it). Ablation: the temperature tuning
+    # off on the NoPE layers.
+    "llama4_text": ("Llama4TextConfig", dict(
+        num_hidden_layers=4, head_dim=16, intermediate_size=48, intermediate_size_mlp=96,
+        num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+        no_rope_layer_interval=2, attention_chunk_size=8, floor_scale=4, attn_scale=0.5,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        44, ("temperature tuning off (NoPE layers' query scale removed)", "config",
+             {"where": "no_rope", "query_scale_beta": None, "query_scale_length": None,
+              "query_scale_offset": 0})),
 }
 # The fixtures (tests/assets/families/, < 100 KB each): the same cases, smaller.
 SMALL = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_attention_heads=2,

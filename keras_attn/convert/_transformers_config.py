@@ -125,6 +125,9 @@ class ModelSpec:
     # Where a mixture's shared expert lies under a layer (DeepSeek V3's `mlp.shared_experts.`,
     # Qwen3-Next's `mlp.shared_expert.`).
     shared_expert_prefix: str = "mlp.shared_experts."
+    # The config field of the dense MLPs' F, for the errors (Llama 4's `intermediate_size_mlp`:
+    # its `intermediate_size` is the experts').
+    intermediate_field: str = "intermediate_size"
 
     def layer_head_dim(self, index):
         """d of layer `index` (its own, or the model's `head_dim`)."""

@@ -168,9 +168,9 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
         plan += shared_experts_plan(entries, spec, ff, sub, check,
                                     shared_prefix=spec.shared_expert_prefix)
         return plan + _block_norms_plan(entries, spec, block, sub, check)
-    sizes = f"intermediate_size={F}, hidden_size={D}"
+    sizes = f"{spec.intermediate_field}={F}, hidden_size={D}"
     if F != spec.intermediate_dim:
-        sizes = (f"intermediate_size={spec.intermediate_dim} (this layer's F={F}: "
+        sizes = (f"{spec.intermediate_field}={spec.intermediate_dim} (this layer's F={F}: "
                  f"use_double_wide_mlp), hidden_size={D}")
     parts = [("gate", getattr(ff, "gate_dense", None), (F, D), "(F, D)"),
              ("up", ff.intermediate_dense, (F, D), "(F, D)"),

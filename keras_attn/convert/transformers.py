@@ -14,8 +14,10 @@ attention, `self_attn.q_a_proj` ..., through `keras_attn.convert.latent_attentio
 `self_attn.gate_proj`, split from `q_proj` by the family, to `self_attention.gate_dense`),
 `qwen3_next` (the same, its fused `in_proj_qkvz` / `in_proj_ba` split by the family; its
 mixtures' shared expert under `ModelSpec.shared_expert_prefix`, `mlp.shared_expert.`)
-(`deepseek_v32` and
-`deepseek_v4` are refused as `families.REFUSED` says), each a module of
+`llama4_text` (its `feed_forward.*` and stacked experts renamed by the family; its
+mixtures' shared expert under `mlp.shared_expert.` too)
+(`deepseek_v32`,
+`deepseek_v4` and the multimodal `llama4` are refused as `families.REFUSED` says), each a module of
 `keras_attn.convert.families` (its fields, its spec, and its own weight names renamed or
 split into the Llama layout mapped below). `deepseek_v3`'s latent attention also converts
 one layer at a time through `keras_attn.convert.latent_attention`.

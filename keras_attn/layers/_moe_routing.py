@@ -11,8 +11,8 @@ load-balancing loss reads. `ROUTING` names them (the layer's `routing=`); the ru
 
 from keras import ops
 
-__all__ = ["GROUPED_ROUTING", "ROUTING", "load_balancing_loss", "sigmoid_group_topk",
-           "softmax_topk", "topk_softmax"]
+__all__ = ["GROUPED_ROUTING", "INPUT_SCALED_ROUTING", "ROUTING", "llama4_sigmoid_topk",
+           "load_balancing_loss", "sigmoid_group_topk", "softmax_topk", "topk_softmax"]
 
 
 def softmax_topk(logits, num_experts_per_tok, norm_topk_prob):
@@ -77,8 +77,8 @@ def sigmoid_group_topk(logits, num_experts_per_tok, norm_topk_prob, correction_b
 
 
 # A routing rule is named here: `rule(logits, k, norm_topk_prob) -> (weights, indices,
-# probs)` (gpt-oss's "topk_softmax" is registered below it). A later rule (Llama 4's
-# sigmoid top-1) is a new entry.
+# probs)` (gpt-oss's "topk_softmax" and Llama 4's "llama4_sigmoid_topk" are registered
+# below it).
 # "sigmoid_group_topk" also reads the layer's `router_correction_bias`, `n_group`,
 # `topk_group` and `routed_scaling_factor` (`MixtureOfExperts._routing_arguments`).
 ROUTING = {"softmax_topk": softmax_topk, "sigmoid_group_topk": sigmoid_group_topk}
@@ -104,6 +104,29 @@ def topk_softmax(logits, num_experts_per_tok, norm_topk_prob):
 
 
 ROUTING["topk_softmax"] = topk_softmax
+
+
+def llama4_sigmoid_topk(logits, num_experts_per_tok, norm_topk_prob):
+    """Llama 4 routing (transformers' `Llama4Router`): the top-k logits, each through a
+    sigmoid (the others' scores are `sigmoid(-inf) = 0`); `Llama4TextMoe` multiplies each
+    chosen expert's INPUT by its score (`INPUT_SCALED_ROUTING`), not its output.
+
+    `norm_topk_prob` must be False (Llama 4 does not renormalise; the layer refuses True).
+
+    Returns:
+        `(weights, indices, probs)` as `softmax_topk`: `(N, k)` sigmoid scores, `(N, k)`
+        int32, and the softmax over all E logits (what transformers'
+        `load_balancing_loss_func` reads of the router logits).
+    """
+    del norm_topk_prob  # refused by the layer
+    top, indices = ops.top_k(logits, num_experts_per_tok)
+    return ops.sigmoid(top), ops.cast(indices, "int32"), ops.softmax(logits, axis=-1)
+
+
+ROUTING["llama4_sigmoid_topk"] = llama4_sigmoid_topk
+# The rules whose weights scale each chosen expert's input (`expert_e(w_e x)`) instead of
+# its output (`w_e expert_e(x)`): `keras_attn.layers._moe_experts`' `scale_inputs`.
+INPUT_SCALED_ROUTING = ("llama4_sigmoid_topk",)
 
 
 def load_balancing_loss(probs, indices, num_experts):

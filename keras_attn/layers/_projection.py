@@ -169,11 +169,13 @@ def query_positions(query_length, key_length):
 
 
 def query_scale(q, q_positions, options):
-    """`(B, T, H, d)` queries times `1 + beta * log(1 + floor(p / n))` at their absolute
-    positions `(T,)` (`options.query_scale_beta`, `options.query_scale_length`):
+    """`(B, T, H, d)` queries times `1 + beta * log(1 + floor((p + o) / n))` at their absolute
+    positions `(T,)` (`options.query_scale_beta`, `options.query_scale_length`,
+    `options.query_scale_offset`; o = 1: Llama 4's temperature tuning):
     transformers' `get_llama_4_attn_scale`, computed in float32 and cast to q's dtype
     as there. The floor is an integer division (exact at any position)."""
-    steps = ops.floor_divide(ops.cast(q_positions, "int32"), options.query_scale_length)
+    steps = ops.floor_divide(ops.cast(q_positions, "int32") + options.query_scale_offset,
+                             options.query_scale_length)
     scale = 1.0 + options.query_scale_beta * ops.log1p(ops.cast(steps, "float32"))
     return ops.multiply(q, ops.cast(ops.reshape(scale, (1, -1, 1, 1)), q.dtype))  # (1, T, 1, 1)
 

@@ -1,5 +1,5 @@
 """A mixture of gated-MLP experts behind a top-k router (Mixtral, Qwen3-MoE, gpt-oss,
-DeepSeek V3).
+DeepSeek V3, Llama 4).
 
 Shazeer et al. 2017, "Outrageously Large Neural Networks: The Sparsely-Gated
 Mixture-of-Experts Layer"; the load-balancing loss of Fedus et al. 2021,
@@ -14,8 +14,14 @@ from keras import ops
 from keras_attn._observe import record_path
 from keras_attn._typing import Initializer
 from keras_attn._validation import check_positive_float, check_positive_int
+from keras_attn.layers import _moe_experts
 from keras_attn.layers._common import clone_initializer
-from keras_attn.layers._moe_routing import GROUPED_ROUTING, ROUTING, load_balancing_loss
+from keras_attn.layers._moe_routing import (
+    GROUPED_ROUTING,
+    INPUT_SCALED_ROUTING,
+    ROUTING,
+    load_balancing_loss,
+)
 
 __all__ = ["MixtureOfExperts"]
 
@@ -24,8 +30,8 @@ IMPLEMENTATIONS = ("auto", "dense", "sparse")
 # above it. A guess (the dense path is one einsum, the sparse one sorts and gathers),
 # not a measurement: the benchmark of issue 34 is to set it.
 DENSE_UP_TO_EXPERTS = 4
-# Rows per block of the sparse dispatch (at most; fewer when there are fewer tokens).
-SPARSE_BLOCK_ROWS = 64
+# Rows per block of the sparse dispatch (`_moe_experts`).
+SPARSE_BLOCK_ROWS = _moe_experts.SPARSE_BLOCK_ROWS
 
 
 # What each expert computes of its gate `g = x W_gate (+ b_gate)` and up `u = x W_up
@@ -70,6 +76,12 @@ class MixtureOfExperts(keras.layers.Layer):
     |------------------------|---------|---------------------------------------|-------------------------|
     | `"softmax_topk"`       | softmax | top-k scores                          | norm(scores)            |
     | `"sigmoid_group_topk"` | sigmoid | top-k scores + bias in best g of G groups | norm(scores) x factor |
+    | `"llama4_sigmoid_topk"`| sigmoid | top-k logits                          | scores, on the input    |
+
+    With `"llama4_sigmoid_topk"` (Llama 4, transformers' `Llama4Router` and
+    `Llama4TextMoe`) the weight scales the chosen expert's input, not its output:
+    `y = sum_{e in topk} W_down_e (act(W_gate_e (w_e x)) * W_up_e (w_e x))`, with
+    `w_e = sigmoid(x W_router)_e` (no renormalising: `norm_topk_prob` must be False).
 
     Shared expert (`shared_intermediate_dim` S: DeepSeek V3's `n_shared_experts *
     moe_intermediate_size`, Qwen3-Next's `shared_expert_intermediate_size`): a dense
@@ -137,7 +149,8 @@ class MixtureOfExperts(keras.layers.Layer):
             balances through its correction bias): a `ValueError`.
         routing: the routing rule's name: "softmax_topk" (softmax over all E, then the
             top k), "topk_softmax" (the top k logits, then a softmax over them: gpt-oss)
-            or "sigmoid_group_topk" (DeepSeek V3; above).
+            "sigmoid_group_topk" (DeepSeek V3) or "llama4_sigmoid_topk" (Llama 4: the
+            expert's input scaled; above).
         implementation: "auto", "dense" or "sparse" (above).
         kernel_initializer: initializer of every kernel.
         use_router_bias: add a bias `router_bias` `(E,)` to the router's logits (gpt-oss).
@@ -189,6 +202,13 @@ class MixtureOfExperts(keras.layers.Layer):
     (2, 5, 16)
     >>> tuple(deepseek.router_correction_bias.shape), deepseek.router_correction_bias.trainable
     ((8,), False)
+
+    Llama 4's: the sigmoid of the top-1 logit scales the expert's input; a shared expert.
+
+    >>> llama4 = MixtureOfExperts(num_experts=4, num_experts_per_tok=1, intermediate_dim=8,
+    ...                           routing="llama4_sigmoid_topk", shared_intermediate_dim=8)
+    >>> tuple(llama4(np.ones((2, 5, 16), "float32")).shape)
+    (2, 5, 16)
     """
 
     def __init__(
@@ -233,6 +253,10 @@ class MixtureOfExperts(keras.layers.Layer):
             raise ValueError(f"`routing` must be one of {sorted(ROUTING)}. "
                              f"Received: routing={routing!r}")
         self.routing = routing
+        if routing in INPUT_SCALED_ROUTING and self.norm_topk_prob:
+            raise ValueError(f"`norm_topk_prob` renormalises output weights; routing {routing!r} "
+                             "scales the experts' inputs by their sigmoid scores as they are. "
+                             "Received: norm_topk_prob=True")
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f"`implementation` must be one of {IMPLEMENTATIONS}. "
                              f"Received: implementation={implementation!r}")
@@ -402,74 +426,15 @@ class MixtureOfExperts(keras.layers.Layer):
         weights, indices, probs = self.route(tokens)
         weights = ops.cast(weights, self.compute_dtype)
         path = record_path("moe_" + self._chosen_path())
-        if path == "moe_dense":
-            out = self._dense_experts(tokens, weights, indices)
-        else:
-            out = self._sparse_experts(tokens, weights, indices)
+        scale_inputs = self.routing in INPUT_SCALED_ROUTING  # Llama 4: w_e scales x
+        experts = _moe_experts.dense if path == "moe_dense" else _moe_experts.sparse
+        out = experts(self, tokens, weights, indices, scale_inputs)
         if self.shared_intermediate_dim:  # every token through the shared expert too
             out = out + self._shared_expert(tokens)
         if training and self.router_aux_loss_coef:
             self.add_loss(self.router_aux_loss_coef
                           * load_balancing_loss(probs, indices, self.num_experts))
         return ops.reshape(out, shape)
-
-    def _dense_experts(self, tokens, weights, indices):
-        # (N, E) routing weights: w_j at the chosen experts, 0 elsewhere.
-        combine = ops.sum(ops.one_hot(indices, self.num_experts, dtype=self.compute_dtype)
-                          * weights[..., None], axis=1)
-        gate = ops.einsum("nd,edf->enf", tokens, self.gate_kernel) + self._bias("gate_bias")
-        up = (ops.einsum("nd,edf->enf", tokens, self.intermediate_kernel)
-              + self._bias("intermediate_bias"))
-        expert_out = (ops.einsum("enf,efd->end", self._hidden(gate, up), self.output_kernel)
-                      + self._bias("output_bias"))  # (E, N, D)
-        return ops.einsum("ne,end->nd", combine, expert_out)
-
-    def _sparse_experts(self, tokens, weights, indices):
-        E, k = self.num_experts, self.num_experts_per_tok
-        static_n = tokens.shape[0]
-        assignments = None if static_n is None else static_n * k  # A = N k
-        rows = SPARSE_BLOCK_ROWS if assignments is None else max(
-            1, min(SPARSE_BLOCK_ROWS, -(-assignments // E)))
-        experts = ops.reshape(indices, (-1,))  # (A,) the expert of each token copy
-        A = ops.shape(experts)[0]
-        # Each expert's rows padded to whole blocks: its first slot in the padded buffer.
-        counts = ops.sum(ops.one_hot(experts, E, dtype="int32"), axis=0)  # (E,)
-        padded = (counts + rows - 1) // rows * rows
-        padded_end = ops.cumsum(padded)
-        padded_start = padded_end - padded
-        start = ops.cumsum(counts) - counts
-        order = ops.cast(ops.argsort(experts), "int32")  # copies sorted by expert
-        sorted_experts = ops.take(experts, order)
-        rank = ops.arange(A, dtype="int32") - ops.take(start, sorted_experts)
-        slot_sorted = ops.take(padded_start, sorted_experts) + rank
-        # slot[a]: where copy a sits in the buffer (the inverse of the sort). Not
-        # `ops.scatter`, which on PyTorch loops in Python over the rows, reading each index
-        # (no traced decoding step for `CausalLM.generate` on PyTorch).
-        slot = ops.take(slot_sorted, ops.cast(ops.argsort(order), "int32"))
-        # Blocks: A // rows + E bounds the padded total (each expert pads < rows).
-        blocks = A // rows + E
-        capacity = blocks * rows
-        width = tokens.shape[-1]
-        # Sorted copy i is token order[i] // k (indices are (N, k) flattened).
-        buffer = ops.scatter_update(  # each slot written once: an update, not a sum
-            ops.zeros((capacity, width), tokens.dtype), slot_sorted[:, None],
-            ops.take(tokens, order // k, axis=0))
-        starts = ops.arange(blocks, dtype="int32") * rows
-        # A block's expert: the number of padded ranges that end at or before its start
-        # (blocks past every range are zeros; any expert will do, clipped to E - 1).
-        block_expert = ops.minimum(
-            ops.sum(ops.cast(padded_end[None, :] <= starts[:, None], "int32"), axis=1), E - 1)
-        x = ops.reshape(buffer, (blocks, rows, -1))
-        gate = (ops.matmul(x, ops.take(self.gate_kernel, block_expert, axis=0))
-                + self._bias("gate_bias", block_expert))
-        up = (ops.matmul(x, ops.take(self.intermediate_kernel, block_expert, axis=0))
-              + self._bias("intermediate_bias", block_expert))
-        # Padding rows get the biases too; no copy's slot points at them.
-        y = (ops.matmul(self._hidden(gate, up), ops.take(self.output_kernel, block_expert, axis=0))
-             + self._bias("output_bias", block_expert))
-        y = ops.take(ops.reshape(y, (capacity, -1)), slot, axis=0)  # (A, D), copy order
-        y = ops.reshape(y, (-1, k, width)) * weights[..., None]
-        return ops.sum(y, axis=1)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)

@@ -103,14 +103,15 @@ class MultiHeadAttention(keras.layers.Layer):
             rope_interleaved, sliding_window, logit_soft_cap, qk_norm,
             qk_norm_epsilon: see `keras_attn.options.AttentionOptions`, whose
             other fields (`scale`, `attention_k_eq_v`, `use_value_norm`,
-            `query_scale_beta` and `query_scale_length`:
-            the queries times `1 + beta * log(1 + floor(p / length))` at their
+            `query_scale_beta`, `query_scale_length` and `query_scale_offset` o:
+            the queries times `1 + beta * log(1 + floor((p + o) / length))` at their
             absolute positions p, after RoPE) are keywords too (GQA: query head n uses
             key/value head `n // (H / H_kv)`, as Keras's
             `GroupQueryAttention`; RoPE on queries and keys after qk-norm,
             at absolute bottom-right-aligned positions; qk-norm sublayers
             `query_norm`, `key_norm`, over d, or over H * d and H_kv * d with
-            `qk_norm_full_width`, OLMo 2's; `attention_chunk_size`: Llama 4's
+            `qk_norm_full_width`, OLMo 2's; `qk_norm="l2"`, Llama 4's, without
+            weights; `attention_chunk_size`: Llama 4's
             chunked attention). Stored as `self.options`.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
@@ -250,7 +251,7 @@ class MultiHeadAttention(keras.layers.Layer):
         for name, units, shape in projections:
             setattr(self, name, projection.dense(self, units, name))
             getattr(self, name).build(shape)
-        if self.qk_norm is not None:
+        if self.qk_norm not in (None, "l2"):  # "l2" has no weights (Llama 4)
             # One norm over each head's d, or (OLMo 2) over all H * d / H_kv * d features;
             # a KV-shared layer has no key norm (its keys are another layer's).
             widths = (H * d_k, H_kv * d_k) if self.qk_norm_full_width else (d_k, d_k)
@@ -380,7 +381,10 @@ class MultiHeadAttention(keras.layers.Layer):
                  else projection.project_heads(self.value_dense, value, H_kv, d_v))  # (B, S_new, H_kv, d_v)
             if self.use_value_norm:  # before the cache: the cached values are normalised
                 v = projection.value_norm(v, self.qk_norm_epsilon)
-        if self.qk_norm is not None:
+        if self.qk_norm == "l2":  # no weights: each head over its root mean square
+            q = projection.value_norm(q, self.qk_norm_epsilon)
+            k = None if k is None else projection.value_norm(k, self.qk_norm_epsilon)
+        elif self.qk_norm is not None:
             norm = projection.full_width_norm if self.qk_norm_full_width else projection.head_norm
             q = norm(self.query_norm, q)
             k = None if k is None else norm(self.key_norm, k)

@@ -45,7 +45,7 @@ def _mha(prefix, q_dim, k_dim, v_dim, heads, key_dim, value_dim=None, output_dim
         if part in sizes:
             has_bias = bias if part != "output" or output_bias is None else output_bias
             shapes.update(_dense(p + part, *sizes[part], has_bias))
-    if qk_norm is not None:
+    if qk_norm not in (None, "l2"):  # "l2" has no weights
         # Over d, or over the whole projection: H * d queries, H_kv * d keys (OLMo 2).
         widths = ({"query_norm": heads * key_dim, "key_norm": kv_heads * key_dim}
                   if qk_norm_full_width else {})

@@ -177,6 +177,20 @@ CASES = (
          {"num_heads": 4, "key_dim": 4, "num_key_value_heads": 2, "rope_max_wavelength": 100.0,
           "query_scale_beta": 0.5, "query_scale_length": 2},
          {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    Case("mha_llama4_rope_layer", "mha",
+         "MultiHeadAttention: Llama 4's RoPE layer: GQA 4/2 heads, interleaved RoPE, the "
+         "weightless L2 qk-norm (qk_norm='l2'), chunks of 2, causal",
+         {"num_heads": 4, "key_dim": 4, "num_key_value_heads": 2, "rope_max_wavelength": 100.0,
+          "rope_interleaved": True, "qk_norm": "l2", "qk_norm_epsilon": 1e-5,
+          "attention_chunk_size": 2},
+         {"query": (B, T, D)}, call={"use_causal_mask": True}),
+    Case("mha_cached_llama4_temperature", "mha",
+         "MultiHeadAttention with a cache: Llama 4's NoPE layer, the temperature tuning "
+         "1 + 0.5 ln(1 + floor((p + 1) / 2)) (query_scale_offset=1) at the cache's "
+         "positions, prefill 1 token, then 3 one-token steps",
+         {"num_heads": 2, "key_dim": 4, "query_scale_beta": 0.5, "query_scale_length": 2,
+          "query_scale_offset": 1},
+         {"query": (B, T, D)}, call={"use_causal_mask": True, "cached_prefill": 1}),
     Case("ffn_swiglu", "ffn", "PositionwiseFeedForward: gated (SwiGLU), no biases",
          {"intermediate_dim": 12, "activation": "silu", "gated": True, "use_bias": False},
          {"inputs": (B, T, D)}),

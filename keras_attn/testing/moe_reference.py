@@ -3,13 +3,15 @@
 Written from the Mixtral / Qwen3-MoE definitions (transformers'
 `MixtralSparseMoeBlock`, `Qwen3MoeSparseMoeBlock`, `load_balancing_loss_func`), DeepSeek
 V3's (`DeepseekV3TopkRouter`, `DeepseekV3MoE`: sigmoid scores, a selection-only bias,
-group-limited top-k, a shared expert) and Qwen3-Next's sigmoid-gated shared expert,
+group-limited top-k, a shared expert), Qwen3-Next's sigmoid-gated shared expert and Llama
+4's (`Llama4Router`, `Llama4TextMoe`: the sigmoid of the top-k logits scales each chosen
+expert's input),
 token by token, expert by expert; it imports nothing from the layer it checks.
 """
 
 import numpy as np
 
-__all__ = ["group_route", "group_route_margins", "load_balancing_loss",
+__all__ = ["group_route", "group_route_margins", "llama4_route", "load_balancing_loss",
            "mixture_of_experts", "route", "top_k_margin"]
 
 
@@ -77,22 +79,35 @@ def group_route_margins(x, router, k, bias, n_group, topk_group):
     return float(group_margin), float(expert_margin)
 
 
+def llama4_route(x, router, k):
+    """Llama 4's routing: `(weights (N, k), experts (N, k))`, the sigmoid of the k largest
+    logits."""
+    logits = np.asarray(x, np.float64) @ np.asarray(router, np.float64)
+    experts = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+    return _sigmoid(np.take_along_axis(logits, experts, -1)), experts
+
+
 def _mlp(token, gate, up, down, activation):
     return (activation(token @ gate) * (token @ up)) @ down
 
 
-def mixture_of_experts(x, params, k, norm_topk_prob, activation=_silu, grouping=None):
+def mixture_of_experts(x, params, k, norm_topk_prob, activation=_silu, grouping=None,
+                       scale_output=False):
     """The output `(..., D)` for `x` `(..., D)`.
 
     `params`: `router` `(D, E)`, `gate` `(E, D, F)`, `up` `(E, D, F)`, `down` `(E, F, D)`;
     a shared expert with `shared_gate` `(D, S)`, `shared_up` `(D, S)`, `shared_down`
     `(S, D)` (and `shared_expert_gate` `(D, 1)`: Qwen3-Next's sigmoid gate).
-    `grouping`: None (softmax top-k), or DeepSeek V3's routing as a dict `bias` `(E,)`,
-    `n_group`, `topk_group`, `scaling`.
+    `grouping`: None (softmax top-k), DeepSeek V3's routing as a dict `bias` `(E,)`,
+    `n_group`, `topk_group`, `scaling`, or "llama4": Llama 4's, each chosen expert run on
+    `w_e * token`, its output unweighted (`scale_output=True`: weighted instead, the
+    ablation).
     """
     x = np.asarray(x, np.float64)
     tokens = x.reshape(-1, x.shape[-1])
-    if grouping is None:
+    if grouping == "llama4":
+        weights, experts = llama4_route(tokens, params["router"], k)
+    elif grouping is None:
         weights, experts, _ = route(tokens, params["router"], k, norm_topk_prob)
     else:
         weights, experts, _ = group_route(tokens, params["router"], k, norm_topk_prob,
@@ -101,8 +116,11 @@ def mixture_of_experts(x, params, k, norm_topk_prob, activation=_silu, grouping=
     out = np.zeros_like(tokens)
     for n, token in enumerate(tokens):
         for w, e in zip(weights[n], experts[n], strict=True):
-            out[n] += w * _mlp(token, params["gate"][e], params["up"][e], params["down"][e],
-                               activation)
+            expert = (params["gate"][e], params["up"][e], params["down"][e], activation)
+            if grouping == "llama4" and not scale_output:
+                out[n] += _mlp(w * token, *expert)
+            else:
+                out[n] += w * _mlp(token, *expert)
         if "shared_gate" in params:
             shared = _mlp(token, params["shared_gate"], params["shared_up"],
                           params["shared_down"], activation)

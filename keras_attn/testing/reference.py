@@ -201,7 +201,7 @@ def multi_head_attention(
     logit_soft_cap=None, qk_norm=None, qk_norm_epsilon=1e-6, scale=None, rope_type="default",
     use_sinks=False, query_scale_beta=None, query_scale_length=None, attention_chunk_size=None,
     qk_norm_full_width=False, attention_bias=None, attention_k_eq_v=False, use_value_norm=False,
-    **rope_parameters,
+    query_scale_offset=0, **rope_parameters,
 ):
     """Multi-head attention, paper Section 3.2.2, with today's options.
 
@@ -209,14 +209,16 @@ def multi_head_attention(
     ...): `rope_inverse_frequencies`'s `<name>`.
 
     params: dicts `query`, `key`, `value`, `output` (dense layers), and
-    `query_norm`, `key_norm` with `qk_norm`, `gate` (on the query input) for
+    `query_norm`, `key_norm` with `qk_norm` ("rms", "layer"; "l2" has none and
+    divides each head by its root mean square after RoPE, Llama 4's order), `gate` (on the query input) for
     a gated output, `sinks` `(H,)` with `use_sinks` (attention sinks). Head h owns columns
     `[h * d, (h + 1) * d)` of the projections; with H_kv =
     `num_key_value_heads` < H, query head n uses key/value head
     n // (H / H_kv). qk-norm, then RoPE, apply to each head's queries and
     keys; positions are absolute, query i at `i + (S - T)`, key j at j.
     With `query_scale_beta` b and `query_scale_length` n, the queries at
-    position p are then multiplied by `1 + b ln(1 + floor(p / n))`
+    position p are then multiplied by `1 + b ln(1 + floor((p + o) / n))`, o
+    `query_scale_offset` (1: Llama 4's temperature tuning)
     (Llama 4 / Ministral 3 attention scaling, transformers'
     `get_llama_4_attn_scale`), before the logits. `attention_chunk_size` C:
     chunked attention (`chunked_mask`, Llama 4). `qk_norm_full_width`: the qk-norm
@@ -251,7 +253,7 @@ def multi_head_attention(
         v = _split_heads(dense(value, params["value"]), kv_heads)  # (B, H_kv, S, d_v)
     if use_value_norm:
         v = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + qk_norm_epsilon)
-    if qk_norm is not None and not qk_norm_full_width:
+    if qk_norm not in (None, "l2") and not qk_norm_full_width:
         q = _head_norm(q, params["query_norm"], qk_norm, qk_norm_epsilon)
         k = _head_norm(k, params["key_norm"], qk_norm, qk_norm_epsilon)
     if rope_max_wavelength is not None:
@@ -261,8 +263,12 @@ def multi_head_attention(
                     **{n[len("rope_"):]: v for n, v in rope_parameters.items()})
         q = rotary_embedding(q, np.arange(T) + (S - T), **rope)
         k = rotary_embedding(k, np.arange(S), **rope)
+    if qk_norm == "l2":  # Llama 4's order: after RoPE (Llama4TextL2Norm, no weights)
+        q = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + qk_norm_epsilon)
+        k = k / np.sqrt(np.mean(k * k, axis=-1, keepdims=True) + qk_norm_epsilon)
     if query_scale_beta is not None:
         p = np.arange(q.shape[2]) + (k.shape[2] - q.shape[2])  # absolute query positions
+        p = p + query_scale_offset
         factor = 1.0 + query_scale_beta * np.log(1.0 + np.floor(p / query_scale_length))
         q = q * factor[:, None]  # (T, 1) over (B, H, T, d_k)
     if mask is not None:

@@ -70,7 +70,7 @@ def test_ablation_moves_the_logits(converted, name):
     assert error > 100 * fc.TOLERANCE, f"{name}: ablation {fc.CASES[name][3][0]!r}: {error:.3g}"
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "gpt_oss", "llama4_text"])
 def test_mixtures_sparse_path_matches_transformers(converted, name):
     """The cases' 4 experts take the dense path ("auto"); the sparse one (what gpt-oss's
     32 and 128 experts take) gives transformers' logits too, observed running."""

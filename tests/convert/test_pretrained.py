@@ -283,7 +283,7 @@ def _glm4_dict():
 
 WRITTEN = ["llama", "gemma3_text", "qwen3", "granite", "phi3", "starcoder2", "olmo2",
            "exaone4", "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_text",
-           "qwen3_next"]
+           "qwen3_next", "llama4_text"]
 
 
 def _saved_names(folder):

@@ -36,11 +36,16 @@ _MODULES = {name: name for name in (
     "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
     "starcoder2", "gemma", "phi3", "granite", "ministral", "smollm3", "glm4",
     "ministral3", "gpt_oss", "gemma4_text", "deepseek_v3", "olmo2", "olmo3", "exaone4",
-    "cohere2", "gpt2", "mixtral", "qwen3_moe", "qwen3_5_text", "qwen3_next")}
+    "cohere2", "gpt2", "mixtral", "qwen3_moe", "qwen3_5_text", "qwen3_next", "llama4_text")}
 
 
 # model_type -> why it is refused (known to keras_attn, deliberately not converted).
 REFUSED = {
+    "llama4": (
+        "the multimodal Llama 4 (Llama4ForConditionalGeneration: a vision tower and "
+        "projector, the text weights under `language_model.`) is not converted; its text "
+        "model is model_type 'llama4_text' (the config's text_config with its "
+        "Llama4ForCausalLM weights)"),
     "deepseek_v32": (
         "DeepSeek V3.2's sparse attention keeps the index_topk keys of its indexer's ReLU'd "
         "scores, which tie at exactly 0; torch.topk breaks the ties in an order that depends "

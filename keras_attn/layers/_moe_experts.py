@@ -1,0 +1,92 @@
+"""The two computations of `keras_attn.layers.MixtureOfExperts`' routed experts (the same
+numbers): "dense", every expert on every token, and "sparse", each token through its k
+experts in blocks sorted by expert.
+
+Where the routing weight goes: after the expert (`w_e * expert_e(x)`: Mixtral, Qwen3-MoE,
+gpt-oss, DeepSeek V3), or, with `scale_inputs`, on its input (`expert_e(w_e * x)`: Llama 4's
+`Llama4TextMoe`, `routed_in = x * router_scores`), the output unweighted. An expert not
+chosen contributes nothing either way.
+
+Each function takes the layer (its kernels, biases and `_hidden` / `_bias` helpers),
+the `(N, D)` tokens, the `(N, k)` weights and int32 expert indices, and returns `(N, D)`.
+"""
+
+from keras import ops
+
+__all__ = ["dense", "sparse"]
+
+# Rows per block of the sparse dispatch (at most; fewer when there are fewer tokens).
+SPARSE_BLOCK_ROWS = 64
+
+
+def dense(layer, tokens, weights, indices, scale_inputs=False):
+    """Every expert on every token (`E * N` expert calls), zero for those not chosen."""
+    chosen = ops.one_hot(indices, layer.num_experts, dtype=layer.compute_dtype)  # (N, k, E)
+    # (N, E) routing weights: w_j at the chosen experts, 0 elsewhere.
+    combine = ops.sum(chosen * weights[..., None], axis=1)
+    if scale_inputs:  # each expert sees its own scaled copy of the tokens
+        x = ops.transpose(combine)[:, :, None] * tokens[None]  # (E, N, D)
+        spec = "end,edf->enf"
+        combine = ops.sum(chosen, axis=1)  # 0 / 1: the chosen experts' outputs, unweighted
+    else:
+        x, spec = tokens, "nd,edf->enf"
+    gate = ops.einsum(spec, x, layer.gate_kernel) + layer._bias("gate_bias")
+    up = ops.einsum(spec, x, layer.intermediate_kernel) + layer._bias("intermediate_bias")
+    expert_out = (ops.einsum("enf,efd->end", layer._hidden(gate, up), layer.output_kernel)
+                  + layer._bias("output_bias"))  # (E, N, D)
+    return ops.einsum("ne,end->nd", combine, expert_out)
+
+
+def sparse(layer, tokens, weights, indices, scale_inputs=False):
+    """Each token only through its k experts: the `N * k` token copies sorted by expert
+    into blocks of at most 64 rows, one expert per block (each expert's rows padded to
+    whole blocks), one batched matmul per block against its expert's gathered weights,
+    the outputs gathered back. Every shape follows from the input's."""
+    E, k = layer.num_experts, layer.num_experts_per_tok
+    static_n = tokens.shape[0]
+    assignments = None if static_n is None else static_n * k  # A = N k
+    rows = SPARSE_BLOCK_ROWS if assignments is None else max(
+        1, min(SPARSE_BLOCK_ROWS, -(-assignments // E)))
+    experts = ops.reshape(indices, (-1,))  # (A,) the expert of each token copy
+    A = ops.shape(experts)[0]
+    # Each expert's rows padded to whole blocks: its first slot in the padded buffer.
+    counts = ops.sum(ops.one_hot(experts, E, dtype="int32"), axis=0)  # (E,)
+    padded = (counts + rows - 1) // rows * rows
+    padded_end = ops.cumsum(padded)
+    padded_start = padded_end - padded
+    start = ops.cumsum(counts) - counts
+    order = ops.cast(ops.argsort(experts), "int32")  # copies sorted by expert
+    sorted_experts = ops.take(experts, order)
+    rank = ops.arange(A, dtype="int32") - ops.take(start, sorted_experts)
+    slot_sorted = ops.take(padded_start, sorted_experts) + rank
+    # slot[a]: where copy a sits in the buffer (the inverse of the sort). Not
+    # `ops.scatter`, which on PyTorch loops in Python over the rows, reading each index
+    # (no traced decoding step for `CausalLM.generate` on PyTorch).
+    slot = ops.take(slot_sorted, ops.cast(ops.argsort(order), "int32"))
+    # Blocks: A // rows + E bounds the padded total (each expert pads < rows).
+    blocks = A // rows + E
+    capacity = blocks * rows
+    width = tokens.shape[-1]
+    # Sorted copy i is token order[i] // k (indices are (N, k) flattened).
+    copies = ops.take(tokens, order // k, axis=0)
+    if scale_inputs:  # copy i scaled by its own weight before its expert
+        copies = copies * ops.take(ops.reshape(weights, (-1,)), order)[:, None]
+    buffer = ops.scatter_update(  # each slot written once: an update, not a sum
+        ops.zeros((capacity, width), tokens.dtype), slot_sorted[:, None], copies)
+    starts = ops.arange(blocks, dtype="int32") * rows
+    # A block's expert: the number of padded ranges that end at or before its start
+    # (blocks past every range are zeros; any expert will do, clipped to E - 1).
+    block_expert = ops.minimum(
+        ops.sum(ops.cast(padded_end[None, :] <= starts[:, None], "int32"), axis=1), E - 1)
+    x = ops.reshape(buffer, (blocks, rows, -1))
+    gate = (ops.matmul(x, ops.take(layer.gate_kernel, block_expert, axis=0))
+            + layer._bias("gate_bias", block_expert))
+    up = (ops.matmul(x, ops.take(layer.intermediate_kernel, block_expert, axis=0))
+          + layer._bias("intermediate_bias", block_expert))
+    # Padding rows get the biases too; no copy's slot points at them.
+    y = (ops.matmul(layer._hidden(gate, up), ops.take(layer.output_kernel, block_expert, axis=0))
+         + layer._bias("output_bias", block_expert))
+    y = ops.reshape(ops.take(ops.reshape(y, (capacity, -1)), slot, axis=0), (-1, k, width))
+    if not scale_inputs:
+        y = y * weights[..., None]
+    return ops.sum(y, axis=1)  # (N, D)
