@@ -1,6 +1,8 @@
 """Every ```python block of README.md and docs/**/*.md runs, on this backend.
 
-The blocks of one file share a namespace and run in order, as a reader would run them. A
+The blocks of one file share a namespace and run in order, as a reader would run them,
+except the README's: a reader copies one of those alone, so each runs alone, in a fresh
+namespace (`STANDALONE`), and one that uses an earlier block's names fails. A
 block that needs something special declares it in an HTML comment on the line (or the
 lines) right before its fence, and is skipped, with that requirement as the reason, only
 where the environment lacks it:
@@ -118,6 +120,9 @@ def unmet(directives):
     return "; ".join(reasons) or None
 
 
+# The files whose every block runs alone, in a namespace of its own.
+STANDALONE = {ROOT / "README.md"}
+
 BLOCKS = [(path, line, code, directives)
           for path in markdown_files() for line, code, directives in python_blocks(path)]
 
@@ -143,15 +148,20 @@ def _fresh_state(request):
     reload a model built before the clear: 'The name "not_equal" is used 2 times').
     """
     params = getattr(getattr(request.node, "callspec", None), "params", {})
-    if params.get("path") not in _FILES:
+    if _state_key(params.get("path"), params.get("line")) not in _FILES:
         keras.config.set_dtype_policy("float32")
         keras.backend.clear_session()
     yield
 
 
-def _run(path, line, code):
+def _state_key(path, line):
+    """A file's shared namespace, or a README block's own."""
+    return (path, line) if path in STANDALONE else path
+
+
+def _run(path, line, code, state):
     source = "\n" * (line) + code  # line numbers in tracebacks are the Markdown file's
-    exec(compile(source, f"{path.relative_to(ROOT)}:{line}", "exec"), _FILES[path].namespace)
+    exec(compile(source, f"{path.relative_to(ROOT)}:{line}", "exec"), state.namespace)
 
 
 def _own_process(directives):
@@ -192,10 +202,10 @@ def test_block_runs(path, line, code, directives, tmp_path):
     if _own_process(directives):
         _run_in_own_process(path, line, code, tmp_path)
         return
-    state = _FILES.setdefault(path, _File())
+    state = _FILES.setdefault(_state_key(path, line), _File())
     # Run the file's earlier blocks first (in order) if this test runs alone (-k, a rerun).
     for earlier_line, earlier_code, earlier_directives in python_blocks(path):
-        if earlier_line >= line:
+        if earlier_line >= line or path in STANDALONE:
             break
         if (earlier_line in state.done or unmet(earlier_directives)
                 or _own_process(earlier_directives)):
@@ -203,12 +213,12 @@ def test_block_runs(path, line, code, directives, tmp_path):
         if earlier_line in state.failed:
             pytest.fail(f"the block at line {earlier_line} of this file failed: "
                         f"{state.failed[earlier_line]!r}")
-        _run(path, earlier_line, earlier_code)
+        _run(path, earlier_line, earlier_code, state)
         state.done.add(earlier_line)
     if line in state.done:
         return
     try:
-        _run(path, line, code)
+        _run(path, line, code, state)
     except BaseException as error:
         state.failed[line] = error
         raise

@@ -71,8 +71,43 @@ def test_encoder_rejects_wrong_rank():
 
 
 def test_encoder_rejects_bad_padding_mask():
-    with pytest.raises(ValueError, match=r"`key_mask` must be broadcastable.*Received"):
+    with pytest.raises(ValueError, match=r"`padding_mask` must be broadcastable to \(B, T\) "
+                                         r"= \(2, 5\)\. Received: padding_mask.shape=\(2, 4\)"):
         keras_attn.TransformerEncoderLayer(2, intermediate_dim=16)(x3, padding_mask=np.ones((2, 4), bool))
+
+
+def test_decoder_rejects_bad_padding_masks():
+    decoder = keras_attn.TransformerDecoderLayer(2, intermediate_dim=16)
+    memory = randn(rng(1), 2, 6, 8)
+    with pytest.raises(ValueError, match=r"`padding_mask` must be broadcastable.*"
+                                         r"Received: padding_mask.shape=\(2, 4\)"):
+        decoder(x3, memory, padding_mask=np.ones((2, 4), bool))
+    with pytest.raises(ValueError, match=r"`memory_padding_mask` must be broadcastable to "
+                                         r"\(B, S\) = \(2, 6\)\. Received: "
+                                         r"memory_padding_mask.shape=\(2, 5\)"):
+        decoder(x3, memory, memory_padding_mask=np.ones((2, 5), bool))
+
+
+# Each key mask is named as it was passed: `key` defaults to `value` and `key_mask` to
+# `value_mask` (and, in self-attention, that to the query's mask), and the merged key
+# padding was reported as `key_mask` whichever the caller had got wrong.
+@pytest.mark.parametrize("value, masks, name", [
+    (True, {"value_mask": (2, 5)}, "value_mask"),
+    (True, {"key_mask": (2, 5)}, "key_mask"),
+    (True, {"value_mask": (2, 5), "key_mask": (2, 6)}, "value_mask"),
+    (True, {"value_mask": (2, 6), "key_mask": (2, 4)}, "key_mask"),
+    (False, {"value_mask": (2, 4)}, "value_mask"),
+    (False, {"query_mask": (2, 4)}, "query_mask"),
+], ids=["value_mask", "key_mask", "value_mask+key_mask", "key_mask+value_mask",
+        "self-attention", "query_mask"])
+def test_mha_names_the_wrong_length_key_mask(value, masks, name):
+    layer = keras_attn.MultiHeadAttention(2, 4)
+    value = randn(rng(1), 2, 6, 8) if value else None
+    S = 6 if value is not None else 5
+    wrong = masks[name]
+    with pytest.raises(ValueError, match=rf"`{name}` must be broadcastable to \(B, S\) = "
+                                         rf"\(2, {S}\)\. Received: {name}.shape=\(2, {wrong[1]}\)"):
+        layer(x3, value, **{k: np.ones(s, bool) for k, s in masks.items()})
 
 
 def test_functional_core_errors():

@@ -179,6 +179,24 @@ def resolve_inputs(query, value, key, query_mask, value_mask, key_mask, cache, r
     return value, key, value_mask, key_mask
 
 
+def check_key_masks(B, S, given, value_mask, query_mask_name):
+    """The key masks `(B, S)` under the names the call gave them, before they merge.
+
+    `resolve_inputs` makes a missing `key_mask` the `value_mask` and, in
+    self-attention, a missing `value_mask` the query's mask: a wrong length is
+    reported under the argument the caller passed, not the one it became.
+    `given` maps "value_mask" and "key_mask" to the call's arguments;
+    `value_mask` is the resolved one, and `query_mask_name` names the query's
+    mask (`query_mask` or `mask`).
+    """
+    named = [(name, given[name]) for name in ("value_mask", "key_mask")]
+    if given["value_mask"] is None and given["key_mask"] is None:
+        named.append((query_mask_name, value_mask))  # None unless self-attention's
+    for name, key_mask in named:
+        if key_mask is not None:
+            check_broadcastable(name, key_mask, (B, S), "(B, S)")
+
+
 def check_inputs(layer, query, value, key):
     """Ranks, dtypes, batch and length agreement, and the built widths.
 

@@ -306,9 +306,12 @@ class MultiHeadAttention(keras.layers.Layer):
                 q = projection.query_scale(q, step.query_positions, self.options)
             k, v = step.keys, step.values  # (B, S_max, H_kv, d_k | d_v)
             is_causal, window, chunk = False, None, None  # in `step.mask` (the index may be traced)
+        S_all = static_shape(key)[1] if cache is None else cache_in.max_length  # keys attended
+        if cache is None:  # each mask by the name it was given as (a cache checked them)
+            compat.check_key_masks(B, S_all, given, value_mask,
+                                   "query_mask" if query_mask is not None else "mask")
         key_padding = combine_masks(as_bool_mask("key_mask", key_mask),
                                     as_bool_mask("value_mask", value_mask))
-        S_all = static_shape(key)[1] if cache is None else cache_in.max_length  # keys attended
         mask_4d = compat.merge_masks(B, T, S_all, H, attention_mask, key_padding)
         if step is not None:
             mask_4d = combine_masks(mask_4d, step.mask)

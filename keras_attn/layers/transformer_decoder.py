@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from keras_attn._shapes import static_shape
-from keras_attn._validation import check_positive_int, check_rank
+from keras_attn._validation import check_broadcastable, check_positive_int, check_rank
 from keras_attn.attention import combine_masks
 from keras_attn.cache import cache_length, cache_shape, cache_spec
 from keras_attn.layers._common import clone_initializer
@@ -258,6 +258,14 @@ class TransformerDecoderLayer(TransformerLayerBase):
                     f"`{kind}_attention_cache`, which was not given. Pass the cache, or "
                     f"drop the index. Received: {kind}_attention_cache=None, "
                     f"{kind}_attention_cache_update_index={index!r}")
+        # Named here: each reaches its attention as `value_mask` (a cache's are checked
+        # against its slots below).
+        B, T = static_shape(inputs)[:2]
+        if self_cache is None and padding_mask is not None:
+            check_broadcastable("padding_mask", padding_mask, (B, T), "(B, T)")
+        if cross_cache is None and memory is not None and memory_padding_mask is not None:
+            check_broadcastable("memory_padding_mask", memory_padding_mask,
+                                (B, static_shape(memory)[1]), "(B, S)")
         if cross_cache is not None and self_cache is None:
             raise ValueError(
                 "`cross_attention_cache` is used together with `self_attention_cache` "

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_attn._validation import check_rank
+from keras_attn._validation import check_broadcastable, check_rank
 from keras_attn.attention import combine_masks
 from keras_attn.layers._transformer_base import TransformerLayerBase
 
@@ -174,7 +174,9 @@ class TransformerEncoderLayer(TransformerLayerBase):
         inputs_mask=None,
         attention_bias=None,
     ):
-        check_rank("inputs", inputs, 3, "(B, T, D)")
+        B, T = check_rank("inputs", inputs, 3, "(B, T, D)")[:2]
+        if padding_mask is not None:  # named here: it reaches the attention as `value_mask`
+            check_broadcastable("padding_mask", padding_mask, (B, T), "(B, T)")
         keras_mask = mask if mask is not None else inputs_mask
         key_mask = combine_masks(padding_mask, keras_mask)
         attend = self._attention_fn(self.self_attention, None, key_mask, attention_mask,
