@@ -125,6 +125,9 @@ class ModelSpec:
     # Where a mixture's shared expert lies under a layer (DeepSeek V3's `mlp.shared_experts.`,
     # Qwen3-Next's `mlp.shared_expert.`).
     shared_expert_prefix: str = "mlp.shared_experts."
+    # Every mixture beside the dense MLP, each with its norms (Gemma 4's `enable_moe_block`:
+    # a `ParallelMixtureOfExperts` feed-forward in a block without `feed_forward_norm`).
+    parallel_dense_mlp: bool = False
 
     def layer_head_dim(self, index):
         """d of layer `index` (its own, or the model's `head_dim`)."""
