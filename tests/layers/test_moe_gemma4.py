@@ -258,3 +258,34 @@ def test_block_refuses_a_post_norm_block_without_its_feed_forward_norm():
     with pytest.raises(ValueError, match=r"Received: use_feed_forward_norm=False"):
         keras_attn.TransformerDecoderLayer(2, key_dim=4, intermediate_dim=8,
                                            use_feed_forward_norm=False)
+
+
+def test_transformers_gemma4_router_and_experts():
+    """transformers' `Gemma4TextRouter` on `x` and `Gemma4TextExperts` on `y`, with the
+    same random weights: the routed output within 1e-5 of its scale on both paths."""
+    torch = pytest.importorskip("torch")
+    from transformers import Gemma4TextConfig
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextExperts, Gemma4TextRouter
+
+    x, y, params = _problem()
+    config = Gemma4TextConfig(hidden_size=D, num_experts=E, top_k_experts=K,
+                              moe_intermediate_size=F, rms_norm_eps=EPS,
+                              enable_moe_block=True, hidden_activation="gelu_pytorch_tanh")
+    router, experts = Gemma4TextRouter(config).eval(), Gemma4TextExperts(config).eval()
+    gate_up = np.concatenate([params["gate"], params["up"]], axis=-1).transpose(0, 2, 1)
+    with torch.no_grad():
+        for target, value in ((router.proj.weight, params["router"].T),
+                              (router.scale, params["router_scale"]),
+                              (router.per_expert_scale, params["per_expert_scale"]),
+                              (experts.gate_up_proj, gate_up),
+                              (experts.down_proj, params["down"].transpose(0, 2, 1))):
+            target.copy_(torch.tensor(np.ascontiguousarray(value)))
+        _, weights, index = router(torch.tensor(x.reshape(-1, D)))
+        expected = experts(torch.tensor(y.reshape(-1, D)), index, weights).numpy()
+    expected = expected.astype(np.float64).reshape(x.shape)
+    scale = np.abs(expected).max()
+    for implementation in ("dense", "sparse"):
+        out = to_numpy(_moe(params, implementation=implementation)(y, router_inputs=x))
+        assert np.abs(out - expected).max() <= 1e-5 * scale, implementation
+    dropped = to_numpy(_moe(params, use_per_expert_scale=False)(y, router_inputs=x))
+    assert np.abs(dropped - expected).max() > 1e-2 * scale
