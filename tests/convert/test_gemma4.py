@@ -296,3 +296,19 @@ def test_moe_weights_are_cross_checked_and_all_read(converted):
     dense["enable_moe_block"] = False  # the experts' entries are then unread: refused
     with pytest.raises(ValueError, match="router"):
         convert.causal_lm_from_transformers(dense, state)
+
+
+def test_one_moe_layer_converts_as_the_models_block(converted):
+    """`transformer_decoder_layer_from_transformers` reads every entry of a MoE layer (its
+    `check_all_used`) into the block the whole-model converter builds."""
+    from keras_attn import ParallelMixtureOfExperts
+
+    model, _, _, lm = converted("gemma4_text_moe")
+    block = convert.transformer_decoder_layer_from_transformers(
+        model.model.layers[0], model.config, layer_index=0)
+    assert isinstance(block.feed_forward, ParallelMixtureOfExperts)
+    assert block.feed_forward_norm is None
+    x = np.random.default_rng(0).standard_normal((1, 5, fc.D)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(block(x)),
+                               keras.ops.convert_to_numpy(lm.blocks[0](x)), rtol=1e-6,
+                               atol=1e-6)
