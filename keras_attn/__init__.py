@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # what `__getattr__` resolves, for type checkers and the API 
     from keras_attn.layers.latent_attention import MultiHeadLatentAttention
     from keras_attn.layers.mixture_of_experts import MixtureOfExperts
     from keras_attn.layers.multi_head_attention import MultiHeadAttention
+    from keras_attn.layers.parallel_mixture_of_experts import ParallelMixtureOfExperts
     from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
     from keras_attn.layers.transformer_encoder import TransformerEncoderLayer
     from keras_attn.linear_attention import chunk_gated_delta_rule, recurrent_gated_delta_rule
@@ -73,6 +74,7 @@ _NAMES = {
     "MixtureOfExperts": "keras_attn.layers.mixture_of_experts",
     "MultiHeadAttention": "keras_attn.layers.multi_head_attention",
     "MultiHeadLatentAttention": "keras_attn.layers.latent_attention",
+    "ParallelMixtureOfExperts": "keras_attn.layers.parallel_mixture_of_experts",
     "PositionwiseFeedForward": "keras_attn.layers.feed_forward",
     "RopeSpec": "keras_attn.rope",
     "RotaryEmbedding": "keras_attn.rotary",
@@ -99,6 +101,7 @@ __all__ = [  # a literal list, for tools that read it statically (the names belo
     "MixtureOfExperts",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
+    "ParallelMixtureOfExperts",
     "PositionwiseFeedForward",
     "RecurrentCache",
     "RopeSpec",

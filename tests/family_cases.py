@@ -18,6 +18,7 @@ P = 8
 STD = 0.35
 TOLERANCE = 1e-4  # max |keras - hf| / max |hf|
 DROP = object()  # a case's value for a common kwarg its config does not have
+ROUTER_WIDENING = 12.0  # Gemma 4's router weights drawn this much wider (its input / sqrt(D))
 
 _COMMON = dict(vocab_size=V, hidden_size=D, intermediate_size=F, num_attention_heads=H,
                num_key_value_heads=H_KV, max_position_embeddings=64, rms_norm_eps=1e-6,
@@ -174,6 +175,25 @@ CASES = {
                                             "rope_theta": 1e6}}),
         21, ("per-layer inputs dropped (per_layer_projection zeroed)", "zero_weights",
              {"names": ("per_layer_projection",)})),
+    # Gemma 4, 26B-A4B-style (issue 34): in every layer the dense MLP (F = 96) and a
+    # mixture of 4 experts (F = 24 each, top-2) side by side, each between its two norms,
+    # the router on the residual stream (its scale-free RMSNorm, `router.scale`, D**-0.5,
+    # softmax, the top-2 renormalised, times `per_expert_scale`); the 31B-style attention.
+    # `router.proj` drawn 12 times wider (`build_hf`: std 4.2, against the D**-0.5 of its
+    # input); seed 51: every router's second and third logits differ by more than 1e-2
+    # (0.036 at least; tests/convert/test_gemma4.py asserts it). Ablation: per_expert_scale
+    # dropped (ones).
+    "gemma4_text_moe": ("Gemma4TextConfig", dict(
+        num_hidden_layers=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+        attention_k_eq_v=True, sliding_window=6, final_logit_softcapping=8.0,
+        hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=4,
+        top_k_experts=2, moe_intermediate_size=24,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "proportional",
+                                            "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1e6}}),
+        51, ("per_expert_scale dropped (ones)", "variables", {"per_expert_scale": 1.0})),
     # The norm after the sublayer only (no input norm): OLMo 2 (full-width qk-norm), OLMo 3
     # (a sliding and a full block, a RoPE per layer type), EXAONE 4 (per-head qk-norm, no
     # RoPE on its full block). Their ablation moves the post norms before the sublayers.
@@ -431,6 +451,9 @@ def build_hf(name, small=False, **overrides):
                 buffer.copy_(1.0 + STD * torch.randn(buffer.shape, generator=generator))
             if key.endswith("e_score_correction_bias"):  # DeepSeek V3's: zeros at first
                 buffer.copy_(STD * torch.randn(buffer.shape, generator=generator))
+        for key, parameter in model.named_parameters():
+            if key.endswith("router.proj.weight"):  # Gemma 4's: its input is D**-0.5 small
+                parameter.mul_(ROUTER_WIDENING)
     return model.float().eval()
 
 

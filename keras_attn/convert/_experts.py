@@ -11,11 +11,27 @@ Keras kernel transposed.
 
 | transformers entry (under `model.layers.{i}.`) | `MixtureOfExperts` weight    | shape    |
 |------------------------------------------------|------------------------------|----------|
-| `mlp.shared_experts.gate_proj.weight` `(S, D)` | `shared_gate_kernel`         | `(D, S)` |
-| `mlp.shared_experts.up_proj.weight` `(S, D)`   | `shared_intermediate_kernel` | `(D, S)` |
-| `mlp.shared_experts.down_proj.weight` `(D, S)` | `shared_output_kernel`       | `(S, D)` |
-| `mlp.shared_expert_gate.weight` `(1, D)`       | `shared_expert_gate_kernel`  | `(D, 1)` |
-| `mlp.gate.e_score_correction_bias` `(E,)`      | `router_correction_bias`     | `(E,)`   |
+| `mlp.shared_experts.gate_proj.weight` `(S, D)` | `shared_gate_kernel`         | `(D, S)`  |
+| `mlp.shared_experts.up_proj.weight` `(S, D)`   | `shared_intermediate_kernel` | `(D, S)`  |
+| `mlp.shared_experts.down_proj.weight` `(D, S)` | `shared_output_kernel`       | `(S, D)`  |
+| `mlp.shared_expert_gate.weight` `(1, D)`       | `shared_expert_gate_kernel`  | `(D, 1)`  |
+| `mlp.gate.e_score_correction_bias` `(E,)`      | `router_correction_bias`     | `(E,)`    |
+
+Gemma 4's (`enable_moe_block`, `parallel_experts_plan`) onto a `ParallelMixtureOfExperts`:
+
+| entry (under `model.layers.{i}.`)          | its weight                                  | shape       |
+|--------------------------------------------|---------------------------------------------|-------------|
+| `router.proj.weight` `(E, D)`              | `experts.router_kernel`                     | `(D, E)`    |
+| `router.scale` `(D,)`                      | `experts.router_scale`                      | `(D,)`      |
+| `router.per_expert_scale` `(E,)`           | `experts.per_expert_scale`                  | `(E,)`      |
+| `experts.gate_up_proj` `(E, 2F, D)`        | `experts.gate_kernel`, `intermediate_kernel` | `(E, D, F)` |
+| `experts.down_proj` `(E, D, F)`            | `experts.output_kernel`                     | `(E, F, D)` |
+| `pre_feedforward_layernorm.weight` `(D,)`  | `dense_norm`                                | `(D,)`      |
+| `post_feedforward_layernorm_1.weight`      | `post_dense_norm`                           | `(D,)`      |
+| `pre_feedforward_layernorm_2.weight`       | `experts_norm`                              | `(D,)`      |
+| `post_feedforward_layernorm_2.weight`      | `post_experts_norm`                         | `(D,)`      |
+
+(`mlp.*` onto its `dense` as a dense block's MLP.)
 """
 
 import re
@@ -25,7 +41,8 @@ import numpy as np
 from keras_attn.convert import _common
 
 __all__ = ["ExpertModules", "MIXTRAL_MODULES", "QWEN2_MOE_MODULES", "experts_plan",
-           "join_expert_modules", "shared_experts_plan", "split_expert_modules"]
+           "join_expert_modules", "parallel_experts_plan", "shared_experts_plan",
+           "split_expert_modules"]
 
 # DeepSeek V3's name for the shared expert's MLP (`DeepseekV3MoE.shared_experts`).
 SHARED_PREFIX = "mlp.shared_experts."
@@ -209,3 +226,29 @@ def split_expert_modules(tensors, modules):
         else:
             out[key] = value
     return out
+def parallel_experts_plan(entries, spec, ff, sub, check, norm_plan):
+    """Gemma 4's router, experts and four norms (the table above) onto `ff`, a
+    `ParallelMixtureOfExperts` (its dense MLP is planned as a dense block's);
+    `norm_plan(norm, name)` plans one RMSNorm."""
+    moe = ff.experts
+    D, E, F = spec.hidden_dim, moe.num_experts, moe.intermediate_dim
+    sizes = f"num_experts={E}, moe_intermediate_size={F}, hidden_size={D}"
+    router = check(entries, sub + "router.proj.weight", (E, D), "(E, D)", sizes)
+    scale = check(entries, sub + "router.scale", (D,), "(D,)", f"hidden_size={D}")
+    per_expert = check(entries, sub + "router.per_expert_scale", (E,), "(E,)",
+                       f"num_experts={E}")
+    gate_up = check(entries, sub + "experts.gate_up_proj", (E, 2 * F, D), "(E, 2F, D)", sizes)
+    down = check(entries, sub + "experts.down_proj", (E, D, F), "(E, D, F)", sizes)
+    plan = [(moe.router_kernel, router.T, "router.proj weight"),
+            (moe.router_scale, scale, "router.scale"),
+            (moe.per_expert_scale, per_expert, "router.per_expert_scale"),
+            (moe.gate_kernel, gate_up[:, :F].transpose(0, 2, 1), "experts.gate_up_proj"),
+            (moe.intermediate_kernel, gate_up[:, F:].transpose(0, 2, 1),
+             "experts.gate_up_proj"),
+            (moe.output_kernel, down.transpose(0, 2, 1), "experts.down_proj")]
+    for name, norm in (("pre_feedforward_layernorm", ff.dense_norm),
+                       ("post_feedforward_layernorm_1", ff.post_dense_norm),
+                       ("pre_feedforward_layernorm_2", ff.experts_norm),
+                       ("post_feedforward_layernorm_2", ff.post_experts_norm)):
+        plan += norm_plan(norm, sub + name)
+    return plan

@@ -128,6 +128,9 @@ class ModelSpec:
     # The config field of the dense MLPs' F, for the errors (Llama 4's `intermediate_size_mlp`:
     # its `intermediate_size` is the experts').
     intermediate_field: str = "intermediate_size"
+    # Every mixture beside the dense MLP, each with its norms (Gemma 4's `enable_moe_block`:
+    # a `ParallelMixtureOfExperts` feed-forward in a block without `feed_forward_norm`).
+    parallel_dense_mlp: bool = False
 
     def layer_head_dim(self, index):
         """d of layer `index` (its own, or the model's `head_dim`)."""

@@ -30,11 +30,12 @@ from collections.abc import Mapping
 from keras_attn.convert import _common, families, gated_deltanet
 from keras_attn.convert import latent_attention as _latent
 from keras_attn.convert._common import cross_check as _cross_check
-from keras_attn.convert._experts import experts_plan, shared_experts_plan
+from keras_attn.convert._experts import experts_plan, parallel_experts_plan, shared_experts_plan
 from keras_attn.convert._transformers_config import ModelSpec
 from keras_attn.layers.gated_deltanet import GatedDeltaNet
 from keras_attn.layers.latent_attention import MultiHeadLatentAttention
 from keras_attn.layers.mixture_of_experts import MixtureOfExperts
+from keras_attn.layers.parallel_mixture_of_experts import ParallelMixtureOfExperts
 
 
 def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check):
@@ -168,6 +169,12 @@ def _block_plan(entries, spec: ModelSpec, block, sub="", check=_cross_check):
         plan += shared_experts_plan(entries, spec, ff, sub, check,
                                     shared_prefix=spec.shared_expert_prefix)
         return plan + _block_norms_plan(entries, spec, block, sub, check)
+    if isinstance(ff, ParallelMixtureOfExperts):  # Gemma 4: the dense MLP below, the rest
+        plan += parallel_experts_plan(entries, spec, ff, sub, check,
+                                      lambda norm, name: _norm_plan(entries, spec, norm, name,
+                                                                    check))
+        ff = ff.dense
+        F = ff.intermediate_dim
     sizes = f"{spec.intermediate_field}={F}, hidden_size={D}"
     if F != spec.intermediate_dim:
         sizes = (f"{spec.intermediate_field}={spec.intermediate_dim} (this layer's F={F}: "
@@ -193,10 +200,12 @@ def _block_norms_plan(entries, spec: ModelSpec, block, sub, check):
     D = spec.hidden_dim
     plan = []
     norms = [("input_layernorm", block.self_attention_norm)]
-    if spec.sandwich_norms:
+    if spec.sandwich_norms:  # Gemma 4's MoE block: its feed-forward holds the pre norm
         norms += [("post_attention_layernorm", block.post_attention_norm),
                   ("pre_feedforward_layernorm", block.feed_forward_norm),
                   ("post_feedforward_layernorm", block.post_feed_forward_norm)]
+        norms = [(name, norm) for name, norm in norms if norm is not None
+                 or not isinstance(block.feed_forward, ParallelMixtureOfExperts)]
     elif not spec.parallel_residual:  # the parallel block's one norm is input_layernorm
         norms += [("post_attention_layernorm", block.feed_forward_norm)]
     if not spec.input_norms:  # OLMo 2's block: the norms after the sublayers only

@@ -47,6 +47,7 @@ from keras_attn.layers._common import gelu_approximate
 from keras_attn.layers.latent_attention import MultiHeadLatentAttention
 from keras_attn.layers.mixture_of_experts import MixtureOfExperts
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.parallel_mixture_of_experts import ParallelMixtureOfExperts
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
 from keras_attn.models.causal_lm import CausalLM
 
@@ -71,12 +72,17 @@ def _block(spec: ModelSpec, index, name=None, dtype=None):
     _check_feed_forward(spec)
     activation = gelu_approximate if spec.activation == "gelu_approximate" else spec.activation
     moe = spec.layers[index].mixture_of_experts
+    F = spec.layers[index].intermediate_dim or spec.intermediate_dim
     feed_forward: dict[str, Any]
     if moe is None:
-        feed_forward = dict(
-            intermediate_dim=spec.layers[index].intermediate_dim or spec.intermediate_dim,
-            gated_feed_forward=spec.gated_feed_forward, activation=activation,
-            feed_forward_use_bias=spec.mlp_bias)
+        feed_forward = dict(intermediate_dim=F, gated_feed_forward=spec.gated_feed_forward,
+                            activation=activation, feed_forward_use_bias=spec.mlp_bias)
+    elif spec.parallel_dense_mlp:  # Gemma 4: its own norms, the router on the residual
+        feed_forward = dict(use_feed_forward_norm=False, feed_forward=ParallelMixtureOfExperts(
+            intermediate_dim=F, num_experts=moe["num_experts"],
+            num_experts_per_tok=moe["num_experts_per_tok"],
+            expert_intermediate_dim=moe["intermediate_dim"], activation=activation,
+            epsilon=spec.epsilon, name="feed_forward", dtype=dtype))
     else:  # the block's `feed_forward=`: the dense MLP's flat arguments stay unset
         feed_forward = dict(feed_forward=MixtureOfExperts(
             **moe, activation=activation, name="feed_forward", dtype=dtype))

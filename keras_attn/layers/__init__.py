@@ -5,6 +5,7 @@ from keras_attn.layers.gated_deltanet import GatedDeltaNet
 from keras_attn.layers.latent_attention import MultiHeadLatentAttention
 from keras_attn.layers.mixture_of_experts import MixtureOfExperts
 from keras_attn.layers.multi_head_attention import MultiHeadAttention
+from keras_attn.layers.parallel_mixture_of_experts import ParallelMixtureOfExperts
 from keras_attn.layers.transformer_decoder import TransformerDecoderLayer
 from keras_attn.layers.transformer_encoder import TransformerEncoderLayer
 
@@ -14,6 +15,7 @@ __all__ = [
     "MixtureOfExperts",
     "MultiHeadAttention",
     "MultiHeadLatentAttention",
+    "ParallelMixtureOfExperts",
     "PositionwiseFeedForward",
     "TransformerDecoderLayer",
     "TransformerEncoderLayer",

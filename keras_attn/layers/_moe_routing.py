@@ -12,7 +12,8 @@ load-balancing loss reads. `ROUTING` names them (the layer's `routing=`); the ru
 from keras import ops
 
 __all__ = ["GROUPED_ROUTING", "INPUT_SCALED_ROUTING", "ROUTING", "llama4_sigmoid_topk",
-           "load_balancing_loss", "sigmoid_group_topk", "softmax_topk", "topk_softmax"]
+           "load_balancing_loss", "scaled_rms_router_input", "sigmoid_group_topk",
+           "softmax_topk", "topk_softmax"]
 
 
 def softmax_topk(logits, num_experts_per_tok, norm_topk_prob):
@@ -139,3 +140,22 @@ def load_balancing_loss(probs, indices, num_experts):
     rows = ops.cast(ops.shape(probs)[0], "float32")
     counts = ops.sum(ops.one_hot(indices, num_experts, dtype="float32"), axis=(0, 1))
     return num_experts * ops.sum((counts / rows) * (ops.sum(probs, axis=0) / rows))
+
+
+def scaled_rms_router_input(tokens, scale, epsilon):
+    """Gemma 4's router input (transformers' `Gemma4TextRouter`): `x / sqrt(mean(x^2) +
+    epsilon)` over D (an RMSNorm without a scale of its own, in float32, cast back), times
+    the learned `scale` `(D,)` and `D**-0.5`.
+
+    Args:
+        tokens: `(N, D)`.
+        scale: `(D,)`, the router's `scale`.
+        epsilon: the norm's epsilon.
+
+    Returns:
+        `(N, D)` in the tokens' dtype.
+    """
+    x = ops.cast(tokens, "float32")
+    normed = x * ops.power(ops.mean(ops.square(x), axis=-1, keepdims=True) + epsilon, -0.5)
+    normed = ops.cast(normed, tokens.dtype)
+    return normed * ops.cast(scale, tokens.dtype) * (tokens.shape[-1] ** -0.5)

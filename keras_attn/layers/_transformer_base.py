@@ -54,6 +54,12 @@ class TransformerLayerBase(keras.layers.Layer):
     is the only norm, after the residual) and both `use_post_attention_norm` and
     `use_post_ffw_norm` (a sublayer with no norm at all is not a block shape any
     model uses); anything else is a `ValueError` naming the three.
+
+    `use_feed_forward_norm` (keyword, default True): False removes the norm before the
+    feed-forward only (`feed_forward_norm` is not made): the feed-forward receives the
+    residual stream itself, for a given `feed_forward` that normalises its own input
+    (`keras_attn.ParallelMixtureOfExperts`: Gemma 4's router reads the un-normalised
+    stream). Pre-norm only (`normalize_first=True`, else a `ValueError`).
     """
 
     # Whether the block has a default cross-attention that the attention arguments other
@@ -94,6 +100,7 @@ class TransformerLayerBase(keras.layers.Layer):
         residual_scale: float | None = None,
         use_gate: bool = False,
         use_input_norm: bool = True,
+        use_feed_forward_norm: bool = True,
         **kwargs,
     ) -> None:
         if args:
@@ -190,6 +197,14 @@ class TransformerLayerBase(keras.layers.Layer):
                 f"normalize_first={self.normalize_first}, use_post_attention_norm="
                 f"{self.use_post_attention_norm}, use_post_ffw_norm={self.use_post_ffw_norm}")
         self.use_input_norm = use_input_norm
+        if not isinstance(use_feed_forward_norm, bool) or not (
+                use_feed_forward_norm or self.normalize_first):
+            raise ValueError(
+                "`use_feed_forward_norm` must be a bool, and False only in a pre-norm block "
+                "(`normalize_first=True`: a post-LN block's norm follows the residual sum). "
+                f"Received: use_feed_forward_norm={use_feed_forward_norm!r}, "
+                f"normalize_first={self.normalize_first}")
+        self.use_feed_forward_norm = use_feed_forward_norm
         # Made now (the config holds them before the block is built), and attached as
         # `self_attention` / `feed_forward` in `build`, where the defaults are: the block's
         # weights then come in the default's order (`get_weights`, `set_weights`).
@@ -261,8 +276,9 @@ class TransformerLayerBase(keras.layers.Layer):
             self.feed_forward = self._feed_forward(inputs_shape)
         # The parallel block (a decoder's `use_parallel_residual`) reads the self-attention's
         # norm for both branches: it has no norm of its own before the feed-forward.
-        self.feed_forward_norm = (None if getattr(self, "use_parallel_residual", False)
-                                  else self._input_norm("feed_forward_norm", inputs_shape))
+        self.feed_forward_norm = (
+            None if getattr(self, "use_parallel_residual", False) or not
+            self.use_feed_forward_norm else self._input_norm("feed_forward_norm", inputs_shape))
         self.post_feed_forward_norm = self._post_norm(
             self.use_post_ffw_norm, "post_feed_forward_norm", inputs_shape)
         self.feed_forward_dropout = self._dropout("feed_forward_dropout")
@@ -398,6 +414,8 @@ class TransformerLayerBase(keras.layers.Layer):
             config["residual_scale"] = self.residual_scale
         if not self.use_input_norm:  # absent when True: default configs are today's
             config["use_input_norm"] = False
+        if not self.use_feed_forward_norm:  # absent when True, as use_input_norm
+            config["use_feed_forward_norm"] = False
         if self.use_gate:  # absent when False: older configs load, default configs are today's
             config["use_gate"] = True
         return config

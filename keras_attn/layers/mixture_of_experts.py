@@ -1,5 +1,5 @@
 """A mixture of gated-MLP experts behind a top-k router (Mixtral, Qwen3-MoE, gpt-oss,
-DeepSeek V3, Llama 4).
+DeepSeek V3, Llama 4, Gemma 4).
 
 Shazeer et al. 2017, "Outrageously Large Neural Networks: The Sparsely-Gated
 Mixture-of-Experts Layer"; the load-balancing loss of Fedus et al. 2021,
@@ -21,6 +21,7 @@ from keras_attn.layers._moe_routing import (
     INPUT_SCALED_ROUTING,
     ROUTING,
     load_balancing_loss,
+    scaled_rms_router_input,
 )
 
 __all__ = ["MixtureOfExperts"]
@@ -129,6 +130,16 @@ class MixtureOfExperts(keras.layers.Layer):
     `(D, S)`, `shared_output_kernel` `(S, D)` (transformers' `shared_experts.gate_proj`,
     `up_proj`, `down_proj` transposed) and, gated, `shared_expert_gate_kernel` `(D, 1)`.
     With `"sigmoid_group_topk"`: `router_correction_bias` `(E,)` (float32, not trainable).
+    Gemma 4's router scales (ones at first): `router_scale` `(D,)` with
+    `router_input_norm`, `per_expert_scale` `(E,)` with `use_per_expert_scale`.
+
+    Gemma 4's router (transformers' `Gemma4TextRouter`): with `router_input_norm` the
+    router reads `x / sqrt(mean(x^2) + router_norm_epsilon) * router_scale * D**-0.5`
+    (an RMSNorm without its own scale, the norm in float32); with
+    `use_per_expert_scale` each kept weight is multiplied by `per_expert_scale` of its
+    expert after the rule (and its renormalising). The call's `router_inputs` lets the
+    router read other tokens than the experts (Gemma 4 routes on the residual stream and
+    runs the experts on its normalised copy: `keras_attn.ParallelMixtureOfExperts`).
 
     Shapes: B batch, T length, D width, E `num_experts`, k `num_experts_per_tok`,
     F `intermediate_dim`, S `shared_intermediate_dim`, N = B*T tokens.
@@ -171,11 +182,18 @@ class MixtureOfExperts(keras.layers.Layer):
             least k); 1 with the other rules.
         routed_scaling_factor: the routing weights' multiplier (> 0) of
             `"sigmoid_group_topk"`; 1.0 with the other rules.
+        router_input_norm: RMS-normalise the router's input, times `router_scale` and
+            `D**-0.5` (Gemma 4; above).
+        router_norm_epsilon: that norm's epsilon (> 0; Gemma 4's `rms_norm_eps`).
+        use_per_expert_scale: multiply each kept weight by its expert's
+            `per_expert_scale` (Gemma 4).
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
         inputs: `(B, T, D)` (any leading dims work).
         training: whether the load-balancing loss is added.
+        router_inputs: None (the router reads `inputs`), or the `(B, T, D)` tokens the
+            router reads instead.
 
     Returns:
         `(B, T, D)`. Keras masks pass through unchanged.
@@ -232,6 +250,9 @@ class MixtureOfExperts(keras.layers.Layer):
         n_group: int = 1,
         topk_group: int = 1,
         routed_scaling_factor: float = 1.0,
+        router_input_norm: bool = False,
+        router_norm_epsilon: float = 1e-6,
+        use_per_expert_scale: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -266,6 +287,13 @@ class MixtureOfExperts(keras.layers.Layer):
                                    swiglu_alpha, swiglu_limit)
         self._init_shared_expert(shared_intermediate_dim, shared_expert_gate)
         self._init_group_routing(n_group, topk_group, routed_scaling_factor)
+        for name, value in (("router_input_norm", router_input_norm),
+                            ("use_per_expert_scale", use_per_expert_scale)):
+            if not isinstance(value, bool):
+                raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
+        self.router_input_norm, self.use_per_expert_scale = router_input_norm, use_per_expert_scale
+        self.router_norm_epsilon = check_positive_float("router_norm_epsilon",
+                                                        router_norm_epsilon)
         self.supports_masking = True  # per token: a Keras mask passes through
 
     def _init_gpt_oss_options(self, use_router_bias, use_expert_bias, expert_activation,
@@ -350,6 +378,12 @@ class MixtureOfExperts(keras.layers.Layer):
             self.router_correction_bias = self.add_weight(
                 shape=(E,), name="router_correction_bias", initializer="zeros",
                 trainable=False, dtype="float32")
+        if self.router_input_norm:  # Gemma 4's router scales (ones, as transformers')
+            self.router_scale = self.add_weight(shape=(D,), name="router_scale",
+                                                initializer="ones")
+        if self.use_per_expert_scale:
+            self.per_expert_scale = self.add_weight(shape=(E,), name="per_expert_scale",
+                                                    initializer="ones")
         self.built = True
 
     def _build_biases(self, D, E, F):
@@ -408,22 +442,29 @@ class MixtureOfExperts(keras.layers.Layer):
     def route(self, tokens):
         """`(weights, indices, probs)` for `(N, D)` tokens (see `softmax_topk`,
         `sigmoid_group_topk`: its `probs` are the sigmoid scores)."""
+        if self.router_input_norm:
+            tokens = scaled_rms_router_input(tokens, self.router_scale,
+                                             self.router_norm_epsilon)
         logits = ops.matmul(tokens, self.router_kernel)
         if self.use_router_bias:
             logits = logits + self.router_bias
         logits = ops.cast(logits, "float32")
-        return ROUTING[self.routing](logits, self.num_experts_per_tok, self.norm_topk_prob,
-                                     *self._routing_arguments())
+        weights, indices, probs = ROUTING[self.routing](
+            logits, self.num_experts_per_tok, self.norm_topk_prob, *self._routing_arguments())
+        if self.use_per_expert_scale:
+            weights = weights * ops.take(ops.cast(self.per_expert_scale, "float32"), indices)
+        return weights, indices, probs
 
     def _chosen_path(self):
         if self.implementation != "auto":
             return self.implementation
         return "dense" if self.num_experts <= DENSE_UP_TO_EXPERTS else "sparse"
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, router_inputs=None):
         shape = ops.shape(inputs)
         tokens = ops.reshape(inputs, (-1, shape[-1]))  # (N, D)
-        weights, indices, probs = self.route(tokens)
+        weights, indices, probs = self.route(
+            tokens if router_inputs is None else ops.reshape(router_inputs, (-1, shape[-1])))
         weights = ops.cast(weights, self.compute_dtype)
         path = record_path("moe_" + self._chosen_path())
         scale_inputs = self.routing in INPUT_SCALED_ROUTING  # Llama 4: w_e scales x
@@ -462,4 +503,8 @@ class MixtureOfExperts(keras.layers.Layer):
             "topk_group": self.topk_group,
             "routed_scaling_factor": self.routed_scaling_factor,
         })
+        if self.router_input_norm or self.use_per_expert_scale:  # Gemma 4's: absent if unset
+            config.update(router_input_norm=self.router_input_norm,
+                          router_norm_epsilon=self.router_norm_epsilon,
+                          use_per_expert_scale=self.use_per_expert_scale)
         return config

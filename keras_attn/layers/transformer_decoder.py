@@ -38,7 +38,9 @@ class TransformerDecoderLayer(TransformerLayerBase):
     attention sublayers), the biases per projection `attention_use_bias`,
     `attention_output_use_bias`, `feed_forward_use_bias`, the sandwich
     norms `use_post_attention_norm`, `use_post_ffw_norm` and `use_input_norm`
-    (False: no norms before the sublayers, `x + N_post(f(x))`, OLMo 2); `attention`,
+    (False: no norms before the sublayers, `x + N_post(f(x))`, OLMo 2),
+    `use_feed_forward_norm` (False: none before the feed-forward, which then reads
+    the residual stream: Gemma 4's `ParallelMixtureOfExperts`); `attention`,
     `feed_forward`, `residual_scale` and `use_gate` (the self-attention's
     gate only) as there too; and `use_layer_scalar`
     (keyword, decoder only): a weight `layer_scalar` `(1,)`, ones at first,

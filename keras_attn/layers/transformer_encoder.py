@@ -105,6 +105,11 @@ class TransformerEncoderLayer(TransformerLayerBase):
             (`cross_attention_norm`) are then not made. Needs
             `normalize_first=True` and both post norms (else a `ValueError`
             naming them). In the config only when False.
+        use_feed_forward_norm: False (keyword) removes the norm before the
+            feed-forward only (`feed_forward_norm` is not made): a given
+            `feed_forward` that normalises its own input receives the residual
+            stream (`keras_attn.ParallelMixtureOfExperts`, Gemma 4's router).
+            Pre-norm only. In the config only when False.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Sublayers: `self_attention` (`keras_attn.MultiHeadAttention`, or the given

@@ -70,7 +70,8 @@ def test_ablation_moves_the_logits(converted, name):
     assert error > 100 * fc.TOLERANCE, f"{name}: ablation {fc.CASES[name][3][0]!r}: {error:.3g}"
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "gpt_oss", "llama4_text"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "gpt_oss", "llama4_text",
+                                  "gemma4_text_moe"])
 def test_mixtures_sparse_path_matches_transformers(converted, name):
     """The cases' 4 experts take the dense path ("auto"); the sparse one (what gpt-oss's
     32 and 128 experts take) gives transformers' logits too, observed running."""
@@ -266,6 +267,10 @@ REFUSED = [
     ("qwen3_next", {"mlp_only_layers": [4]}, "mlp_only_layers"),
     ("qwen3_next", {"decoder_sparse_step": 0}, "decoder_sparse_step"),
     ("qwen3_next", {"attn_output_gate": False}, "attn_output_gate"),
+    # Gemma 4's mixture of experts (26B-A4B): its sizes.
+    ("gemma4_text_moe", {"top_k_experts": 5}, "top_k_experts"),
+    ("gemma4_text_moe", {"num_experts": None}, "num_experts"),
+    ("gemma4_text_moe", {"moe_intermediate_size": 0}, "moe_intermediate_size"),
 ]
 
 

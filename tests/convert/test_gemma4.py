@@ -1,5 +1,6 @@
-"""Gemma 4 (`gemma4_text`) against transformers, feature by feature: each feature of the two
-cases of tests/family_cases.py ("gemma4_text", 31B-style; "gemma4_text_e2b", E2B-style)
+"""Gemma 4 (`gemma4_text`) against transformers, feature by feature: each feature of the
+cases of tests/family_cases.py ("gemma4_text", 31B-style; "gemma4_text_e2b", E2B-style;
+"gemma4_text_moe", 26B-A4B-style: its routers' margins asserted far from ties)
 switched off in the converted model moves the logits far past the tolerance (so the
 comparison in tests/convert/test_families.py can fail on each), the KV-shared layers are
 observed reading their source's cache and owning no key/value weights, and what keras_attn
@@ -176,8 +177,8 @@ def test_the_per_layer_config_is_cross_checked_against_the_weights(converted):
 
 
 @pytest.mark.parametrize("field, value, match", [
-    ("enable_moe_block", True, "enable_moe_block=True"),
-    ("num_experts", 4, "num_experts=4"),
+    ("enable_moe_block", True, "num_experts=None"),  # a mixture needs its sizes
+    ("enable_moe_block", 1, "enable_moe_block=1"),
     ("use_bidirectional_attention", "all", "use_bidirectional_attention='all'"),
     ("num_kv_shared_layers", 4, "num_kv_shared_layers=4"),
     ("per_layer_config", {"1": {"head_dim": 32, "sliding_window": 3}},
@@ -210,10 +211,104 @@ def test_stored_kv_weights_of_shared_layers_are_dropped_as_transformers_does(con
 
 
 def test_the_models_round_trip_through_keras_files(converted, tmp_path):
-    for name in ("gemma4_text", "gemma4_text_e2b"):
+    for name in ("gemma4_text", "gemma4_text_e2b", "gemma4_text_moe"):
         _, ids, logits, lm = converted(name)
         path = str(tmp_path / f"{name}.keras")
         lm.save(path)
         again = keras.saving.load_model(path)
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(again(ids)),
                                       keras.ops.convert_to_numpy(lm(ids)))
+
+
+def test_moe_routers_are_far_from_ties(converted):
+    """Every token's second and third router logits (log-probabilities) differ by more
+    than 1e-2 in both layers of the MoE case: the top-2 choice cannot flip by rounding."""
+    model, ids, _, _ = converted("gemma4_text_moe")
+    margins = []
+
+    def record(module, inputs, output):
+        top = torch.sort(output[0].float().log(), dim=-1, descending=True).values
+        margins.append(float((top[:, 1] - top[:, 2]).min()))
+
+    hooks = [layer.router.register_forward_hook(record) for layer in model.model.layers]
+    with torch.no_grad():
+        model(torch.from_numpy(ids).long())
+    for hook in hooks:
+        hook.remove()
+    assert len(margins) == 2 and min(margins) > 1e-2, margins
+
+
+def _set(lm, suffixes, value):
+    """A copy of `lm` with every variable whose path ends with one of `suffixes` set to
+    `value` (zeroed where `value` is None)."""
+    new = CausalLM.from_config(lm.get_config())
+    new.set_weights(lm.get_weights())
+    chosen = [v for v in new.weights if v.path.endswith(tuple(suffixes))]
+    assert len(chosen) == 2, [v.path for v in chosen]  # one per layer
+    for variable in chosen:
+        variable.assign(np.full(tuple(variable.shape), value or 0.0, "float32"))
+    return new
+
+
+@pytest.mark.parametrize("what, names, value", [
+    ("router.scale ignored", ["/experts/router_scale"], 1.0),
+    ("per_expert_scale ignored", ["/experts/per_expert_scale"], 1.0),
+    ("post_feedforward_layernorm_2 ignored", ["/post_experts_norm/scale"], 1.0),
+    ("pre_feedforward_layernorm_2 ignored", ["/experts_norm/scale"], 1.0),
+    ("post_feedforward_layernorm_1 ignored", ["/post_dense_norm/scale"], 1.0),
+    ("the dense MLP dropped", ["feed_forward/dense/output_dense/kernel"], None),
+])
+def test_each_moe_part_off_moves_the_logits(converted, what, names, value):
+    _, ids, logits, lm = converted("gemma4_text_moe")
+    assert _error(lm, ids, logits) <= fc.TOLERANCE
+    error = _error(_set(lm, names, value), ids, logits)
+    assert error > 100 * fc.TOLERANCE, (what, error)
+
+
+def test_moe_router_on_the_normed_input_moves_the_logits(converted, monkeypatch):
+    """The router reads the residual stream, not `pre_feedforward_layernorm_2`'s output:
+    routing on the normed tokens instead moves the logits far past the tolerance."""
+    from keras_attn.layers.parallel_mixture_of_experts import ParallelMixtureOfExperts
+
+    _, ids, logits, lm = converted("gemma4_text_moe")
+
+    def routed_on_normed(self, inputs, training=None):
+        normed = self.experts_norm(inputs)
+        dense = self.post_dense_norm(self.dense(self.dense_norm(inputs)))
+        return dense + self.post_experts_norm(self.experts(normed, router_inputs=normed))
+
+    monkeypatch.setattr(ParallelMixtureOfExperts, "call", routed_on_normed)
+    error = _error(lm, ids, logits)
+    assert error > 100 * fc.TOLERANCE, error
+
+
+def test_moe_weights_are_cross_checked_and_all_read(converted):
+    model, _, _, _ = converted("gemma4_text_moe")
+    state = dict(model.state_dict())
+    missing = {k: v for k, v in state.items() if not k.endswith("router.per_expert_scale")}
+    with pytest.raises(ValueError, match="router.per_expert_scale"):
+        convert.causal_lm_from_transformers(model.config, missing)
+    wrong = dict(state)
+    wrong["model.layers.0.experts.down_proj"] = wrong["model.layers.0.experts.down_proj"][:3]
+    with pytest.raises(ValueError, match="num_experts=4"):
+        convert.causal_lm_from_transformers(model.config, wrong)
+    dense = model.config.to_dict()
+    dense["enable_moe_block"] = False  # the experts' entries are then unread: refused
+    with pytest.raises(ValueError, match="router"):
+        convert.causal_lm_from_transformers(dense, state)
+
+
+def test_one_moe_layer_converts_as_the_models_block(converted):
+    """`transformer_decoder_layer_from_transformers` reads every entry of a MoE layer (its
+    `check_all_used`) into the block the whole-model converter builds."""
+    from keras_attn import ParallelMixtureOfExperts
+
+    model, _, _, lm = converted("gemma4_text_moe")
+    block = convert.transformer_decoder_layer_from_transformers(
+        model.model.layers[0], model.config, layer_index=0)
+    assert isinstance(block.feed_forward, ParallelMixtureOfExperts)
+    assert block.feed_forward_norm is None
+    x = np.random.default_rng(0).standard_normal((1, 5, fc.D)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(block(x)),
+                               keras.ops.convert_to_numpy(lm.blocks[0](x)), rtol=1e-6,
+                               atol=1e-6)

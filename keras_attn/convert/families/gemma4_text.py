@@ -27,11 +27,20 @@ sandwich norms, qk-norm, `sqrt(D)` embedding scale and final soft-cap, with
   (`CausalLM`'s `hidden_size_per_layer_input`, `vocab_size_per_layer_input`) and per
   layer `per_layer_input_gate`, `per_layer_projection`, `post_per_layer_input_norm`.
 
+- the mixture of experts (`enable_moe_block`, 26B-A4B, issue 34): in every layer the
+  dense MLP and `num_experts` experts (`moe_intermediate_size` wide, `top_k_experts` per
+  token) side by side, a `ParallelMixtureOfExperts` as the block's feed-forward (with
+  `use_feed_forward_norm=False`: it holds `pre_feedforward_layernorm`, and its router
+  reads the residual stream); `router.proj`, `router.scale`, `router.per_expert_scale`,
+  `experts.gate_up_proj` / `down_proj` and the norms `post_feedforward_layernorm_1`,
+  `pre_feedforward_layernorm_2`, `post_feedforward_layernorm_2` (convert/_experts.py's
+  `parallel_experts_plan`). Without `enable_moe_block` the three sizes are unread, as
+  transformers leaves them.
+
 transformers forces the last layer to "full_attention" (with a warning); so does this
-module. Refused, naming the field: the mixture of experts (`enable_moe_block`, issue 34,
-and its `num_experts`, `top_k_experts`, `moe_intermediate_size`), bidirectional
-attention (`use_bidirectional_attention`), and KV sharing in every layer (no layer
-would compute the keys: transformers fails there too).
+module. Refused, naming the field: bidirectional attention
+(`use_bidirectional_attention`), and KV sharing in every layer (no layer would compute
+the keys: transformers fails there too).
 """
 
 import math
@@ -54,10 +63,10 @@ FIELDS = {
                                    "per_layer_config", "global_head_dim",
                                    "num_global_key_value_heads", "attention_k_eq_v",
                                    "num_kv_shared_layers", "hidden_size_per_layer_input",
-                                   "vocab_size_per_layer_input", "use_double_wide_mlp"),
-    "neutral": {"use_bidirectional_attention": (None,), "enable_moe_block": (False,),
-                "num_experts": (None,), "top_k_experts": (None,),
-                "moe_intermediate_size": (None,)},
+                                   "vocab_size_per_layer_input", "use_double_wide_mlp",
+                                   "enable_moe_block", "num_experts", "top_k_experts",
+                                   "moe_intermediate_size"),
+    "neutral": {"use_bidirectional_attention": (None,)},
     "ignored": {"cache_implementation": "how transformers caches"},
 }
 # Gemma4TextConfig's defaults where they differ from what `_shared.core` assumes of a field
@@ -166,6 +175,9 @@ def spec(config):
             layer.attention["is_kv_shared_layer"] = True
             if wide:  # transformers' Gemma4TextMLP: double width on the shared layers only
                 layer.intermediate_dim = 2 * core["intermediate_dim"]
+    moe = mixture_of_experts(config)
+    for layer in layers if moe else ():
+        layer.mixture_of_experts = dict(moe)
     P = config.get("hidden_size_per_layer_input")
     if P not in (0, None):
         P = _positive_int(config, "hidden_size_per_layer_input")
@@ -177,7 +189,24 @@ def spec(config):
         embedding_scale=float(math.sqrt(core["hidden_dim"])), layer_scalar=True,
         per_layer_input_dim=P or None,
         per_layer_vocabulary_size=_positive_int(config, "vocab_size_per_layer_input")
-        if P else None, layers=layers)
+        if P else None, layers=layers, parallel_dense_mlp=bool(moe))
+
+
+def mixture_of_experts(config):
+    """Every layer's `MixtureOfExperts` sizes with `enable_moe_block` (beside the dense
+    MLP; Gemma 4's router and its renormalised top-k are `ParallelMixtureOfExperts`'
+    own), or None without it."""
+    enabled = config.get("enable_moe_block", False)
+    if not isinstance(enabled, bool):
+        _refuse("enable_moe_block", enabled, "True or False")
+    if not enabled:
+        return None
+    E = _positive_int(config, "num_experts")
+    k = _positive_int(config, "top_k_experts")
+    if k > E:
+        _refuse("top_k_experts", k, f"at most num_experts={E}")
+    return {"num_experts": E, "num_experts_per_tok": k,
+            "intermediate_dim": _positive_int(config, "moe_intermediate_size")}
 
 
 def kv_sources(config, types):
