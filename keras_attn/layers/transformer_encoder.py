@@ -105,6 +105,12 @@ class TransformerEncoderLayer(TransformerLayerBase):
             (`cross_attention_norm`) are then not made. Needs
             `normalize_first=True` and both post norms (else a `ValueError`
             naming them). In the config only when False.
+        use_attention_input_norm: False (keyword) removes only the norm
+            before the self-attention, keeping the feed-forward's: the block is
+            `x = x + Drop(attn(x))`, then `x = x + Drop(ffn(N(x)))` (ModernBERT's
+            layer 0, whose `attn_norm` is `nn.Identity()`); `self_attention_norm`
+            is then not made. Needs `normalize_first=True` (else a `ValueError`).
+            In the config only when False.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Sublayers: `self_attention` (`keras_attn.MultiHeadAttention`, or the given
