@@ -1,14 +1,16 @@
 """Named hooks: how the library reaches the backend boundary without importing it.
 
-The layers, the policy and the kernels are written against `keras.ops` only; three
-things they need are backend code, and live in `keras_attn._device`:
+The layers, the policy and the kernels are written against `keras.ops` only; the
+things they need that are backend code live in `keras_attn._device`, among them:
 
 - `"execution_mode"`: how TensorFlow runs the code being traced ("eager", "graph",
   "xla"; None elsewhere), read by the `implementation="auto"` policy;
 - `"eager_compiler"`: `compiler(fn) -> fn or None`, which compiles eager calls once per
   shape and settings (`jax.jit` on JAX; `keras_attn._kernels.compiled`);
 - `"trace_step"`: `trace(fn, variables) -> step or None`, the traced decoding step of
-  `CausalLM.generate` on PyTorch.
+  `CausalLM.generate` on PyTorch;
+- `"predict_on_one_replica"`: `predict(loop, inputs) -> outputs or None`, `generate`'s
+  kept loop run once under a `tf.distribute` strategy (None: `predict_on_batch`).
 
 `_device` registers each where it defines it (`@provide("name")`); `get(name)`
 imports `_device` the first time any hook is looked up (when a layer first runs, so

@@ -13,8 +13,10 @@ tensor-parallel plan, written for the weight names of every keras_attn layer:
   `output_dense`;
 - expert-parallel (split on the expert axis, axis 0): `MixtureOfExperts`'
   `gate_kernel`, `intermediate_kernel` `(E, D, F)` and `output_kernel` `(E, F, D)`,
-  each device holding E / M whole experts; its router (and a shared expert's kernels,
-  DeepSeek V3's router correction bias) is replicated. A layer whose
+  and with `use_expert_bias` (gpt-oss) their biases `gate_bias`, `intermediate_bias`
+  `(E, F)` and `output_bias` `(E, D)`, each device holding E / M whole experts; its
+  router (with its `router_bias`; and a shared expert's kernels, DeepSeek V3's router
+  correction bias) is replicated. A layer whose
   `num_experts` is not divisible by M keeps its experts replicated;
 - everything else is replicated: LayerNorms (`*_norm/gamma`, `*_norm/beta`),
   embeddings, and any weight the map does not name.
@@ -52,13 +54,16 @@ import re
 
 import keras
 
-__all__ = ["COLUMN_PARALLEL", "EXPERT_PARALLEL", "ROW_PARALLEL", "get_layout_map"]
+__all__ = ["COLUMN_PARALLEL", "EXPERT_PARALLEL", "EXPERT_PARALLEL_BIASES", "ROW_PARALLEL",
+           "get_layout_map"]
 
 # Sublayer names (public API, see DESIGN.md) and how their kernels split.
 COLUMN_PARALLEL = ("query_dense", "key_dense", "value_dense", "intermediate_dense", "gate_dense")
 ROW_PARALLEL = ("output_dense",)
 # Weights of a mixture of experts stacked on their first axis, E (split across experts).
 EXPERT_PARALLEL = ("gate_kernel", "intermediate_kernel", "output_kernel")
+# Their per-expert biases (`use_expert_bias`, gpt-oss), `(E, width)`: split with them.
+EXPERT_PARALLEL_BIASES = ("gate_bias", "intermediate_bias", "output_bias")
 _KEY_VALUE = ("key_dense", "value_dense")
 
 # A weight path is `outer/.../<sublayer>/<weight>` (Functional, Sequential and
@@ -144,13 +149,14 @@ class _LayoutMap(keras.distribution.LayoutMap):
             return self._replicated[kind, weight] if sublayer in _KEY_VALUE else default
         return default if divisor % self._model_size == 0 else self._replicated[kind, weight]
 
-    def expert_layout_for(self, owner, default):
-        """The layout of an expert weight of `owner`: split if its `num_experts` divides
-        the model axis, else (or when `owner` is not known) replicated."""
+    def expert_layout_for(self, owner, default, weight="kernel"):
+        """The layout of an expert `weight` ("kernel" or "bias") of `owner`: split if its
+        `num_experts` divides the model axis, else (or when `owner` is not known)
+        replicated."""
         experts = getattr(owner, "num_experts", None)
         if isinstance(experts, int) and experts % self._model_size == 0:
             return default
-        return self._replicated["expert", "kernel"]
+        return self._replicated["expert", weight]
 
     def __getitem__(self, key):
         if key in self._layout_map:
@@ -158,6 +164,8 @@ class _LayoutMap(keras.distribution.LayoutMap):
         layout = super().__getitem__(key)
         if layout is not None and _EXPERT_WEIGHT.fullmatch(key):
             return self.expert_layout_for(_layer_at(key.rsplit("/", 1)[0]), layout)
+        if layout is not None and _EXPERT_BIAS.fullmatch(key):
+            return self.expert_layout_for(_layer_at(key.rsplit("/", 1)[0]), layout, "bias")
         match = _WEIGHT.fullmatch(key)
         if layout is None or match is None:
             return layout
@@ -169,6 +177,7 @@ _WEIGHT = re.compile(_PREFIX + "(?P<sublayer>" + "|".join(COLUMN_PARALLEL + ROW_
 
 
 _EXPERT_WEIGHT = re.compile(_PREFIX + "(?:" + "|".join(EXPERT_PARALLEL) + ")")
+_EXPERT_BIAS = re.compile(_PREFIX + "(?:" + "|".join(EXPERT_PARALLEL_BIASES) + ")")
 
 
 def _layer_at(path):
@@ -291,6 +300,9 @@ def get_layout_map(device_mesh: keras.distribution.DeviceMesh, model_axis: str =
         `num_key_value_heads` (or `num_heads`) is not divisible by M; query
         and output projections likewise when `num_heads` is not, and a
         feed-forward layer's projections when `intermediate_dim` is not.
+        A mixture of experts' expert kernels `(model_axis, None, None)` and
+        expert biases `(model_axis, None)`, replicated when `num_experts` is
+        not divisible by M; its router kernel and bias replicated.
 
     Raises:
         RuntimeError: on any backend but JAX (Keras implements
@@ -315,6 +327,7 @@ def get_layout_map(device_mesh: keras.distribution.DeviceMesh, model_axis: str =
         ("column", "bias"): (None,),
         ("row", "bias"): (None,),
         ("expert", "kernel"): (None, None, None),
+        ("expert", "bias"): (None, None),
     }
     layout_map = _LayoutMap(device_mesh, model_size, {
         key: keras.distribution.TensorLayout(axes, device_mesh)
@@ -324,6 +337,7 @@ def get_layout_map(device_mesh: keras.distribution.DeviceMesh, model_axis: str =
     layout_map[_path_regex(ROW_PARALLEL, "kernel")] = (model_axis, data_axis)
     layout_map[_path_regex(ROW_PARALLEL, "bias")] = (None,)
     layout_map[_EXPERT_WEIGHT.pattern] = (model_axis, None, None)
+    layout_map[_EXPERT_BIAS.pattern] = (model_axis, None)
     # LayerNorm weights (`*_norm/gamma|beta`) and everything else: no rule,
     # so ModelParallel replicates them.
 

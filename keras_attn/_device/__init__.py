@@ -8,9 +8,10 @@ engine is the demo's: `keras_attn/demo/data_parallel.py`.) Three serve the libra
 itself, registered here as named hooks (`keras_attn._hooks`) so that the policy, the
 kernels and the layers stay free of backend code and `import keras_attn` imports no
 backend: `execution_mode`, for the `auto` policy; `eager_compiler`, for the kernels'
-compiled eager calls (`keras_attn._kernels.compiled`); and `trace_step`
-(`traced_step.py`), for `CausalLM.generate` on PyTorch. The first hook looked up
-imports this package.
+compiled eager calls (`keras_attn._kernels.compiled`); `trace_step`
+(`traced_step.py`), for `CausalLM.generate` on PyTorch; and `predict_on_one_replica`
+(`strategy.py`), for `CausalLM.generate` under a `tf.distribute` strategy. The first
+hook looked up imports this package.
 """
 
 import json
@@ -19,6 +20,7 @@ import platform
 import keras
 
 from keras_attn import _hooks
+from keras_attn._device.strategy import predict_on_one_replica
 from keras_attn._device.traced_step import TracedStep, trace_step
 
 __all__ = ["allow_tf32", "compile_inference", "describe", "devices", "disable_tf32",
@@ -27,6 +29,7 @@ __all__ = ["allow_tf32", "compile_inference", "describe", "devices", "disable_tf
 
 # The decoding step's tracer is defined in traced_step.py; registered here with the rest.
 _hooks.provide("trace_step")(trace_step)
+_hooks.provide("predict_on_one_replica")(predict_on_one_replica)
 
 
 def _backend():

@@ -60,6 +60,13 @@ class TransformerLayerBase(keras.layers.Layer):
     residual stream itself, for a given `feed_forward` that normalises its own input
     (`keras_attn.ParallelMixtureOfExperts`: Gemma 4's router reads the un-normalised
     stream). Pre-norm only (`normalize_first=True`, else a `ValueError`).
+    `use_attention_input_norm` (keyword, default True): False removes only the norm
+    before the self-attention (`self_attention_norm` is not made) and keeps the one
+    before the feed-forward (and a decoder's cross-attention's): the block is
+    `x + attn(x)`, then `x + ffn(N(x))` (ModernBERT's layer 0, whose `attn_norm` is
+    `nn.Identity()` after the embeddings' own norm). It needs `normalize_first=True`
+    (in a post-LN block the input norm is the norm after the residual); a decoder's
+    `use_parallel_residual` block, whose one norm is the attention's, refuses it too.
     """
 
     # Whether the block has a default cross-attention that the attention arguments other
@@ -101,6 +108,7 @@ class TransformerLayerBase(keras.layers.Layer):
         use_gate: bool = False,
         use_input_norm: bool = True,
         use_feed_forward_norm: bool = True,
+        use_attention_input_norm: bool = True,
         **kwargs,
     ) -> None:
         if args:
@@ -205,6 +213,16 @@ class TransformerLayerBase(keras.layers.Layer):
                 f"Received: use_feed_forward_norm={use_feed_forward_norm!r}, "
                 f"normalize_first={self.normalize_first}")
         self.use_feed_forward_norm = use_feed_forward_norm
+        if not isinstance(use_attention_input_norm, bool):
+            raise ValueError("`use_attention_input_norm` must be a bool. Received: "
+                             f"use_attention_input_norm={use_attention_input_norm!r}")
+        if not use_attention_input_norm and not self.normalize_first:
+            raise ValueError(
+                "`use_attention_input_norm=False` (x + attn(x), then x + ffn(N(x)): "
+                "ModernBERT's first layer) is a pre-norm block: it needs "
+                "`normalize_first=True` (a post-LN block's norm follows the residual). "
+                "Received: use_attention_input_norm=False, normalize_first=False")
+        self.use_attention_input_norm = use_attention_input_norm
         # Made now (the config holds them before the block is built), and attached as
         # `self_attention` / `feed_forward` in `build`, where the defaults are: the block's
         # weights then come in the default's order (`get_weights`, `set_weights`).
@@ -256,13 +274,15 @@ class TransformerLayerBase(keras.layers.Layer):
 
     def _build_self_attention(self, inputs_shape):
         """`self_attention`, `self_attention_norm`, `self_attention_dropout` (and
-        `post_attention_norm` with `use_post_attention_norm`)."""
+        `post_attention_norm` with `use_post_attention_norm`; no `self_attention_norm` with
+        `use_input_norm=False` or `use_attention_input_norm=False`)."""
         if self._attention_given:
             self.self_attention = build_given(self._given.attention, inputs_shape)
         else:
             self.self_attention = self._attention(
                 "self_attention", inputs_shape[-1], inputs_shape, inputs_shape)
-        self.self_attention_norm = self._input_norm("self_attention_norm", inputs_shape)
+        self.self_attention_norm = (self._input_norm("self_attention_norm", inputs_shape)
+                                    if self.use_attention_input_norm else None)
         self.post_attention_norm = self._post_norm(
             self.use_post_attention_norm, "post_attention_norm", inputs_shape)
         self.self_attention_dropout = self._dropout("self_attention_dropout")
@@ -416,6 +436,8 @@ class TransformerLayerBase(keras.layers.Layer):
             config["use_input_norm"] = False
         if not self.use_feed_forward_norm:  # absent when True, as use_input_norm
             config["use_feed_forward_norm"] = False
+        if not self.use_attention_input_norm:  # likewise
+            config["use_attention_input_norm"] = False
         if self.use_gate:  # absent when False: older configs load, default configs are today's
             config["use_gate"] = True
         return config

@@ -40,7 +40,9 @@ class TransformerDecoderLayer(TransformerLayerBase):
     norms `use_post_attention_norm`, `use_post_ffw_norm` and `use_input_norm`
     (False: no norms before the sublayers, `x + N_post(f(x))`, OLMo 2),
     `use_feed_forward_norm` (False: none before the feed-forward, which then reads
-    the residual stream: Gemma 4's `ParallelMixtureOfExperts`); `attention`,
+    the residual stream: Gemma 4's `ParallelMixtureOfExperts`) and
+    `use_attention_input_norm` (False: no norm before the self-attention only,
+    ModernBERT's layer 0; the cross-attention's and feed-forward's norms stay); `attention`,
     `feed_forward`, `residual_scale` and `use_gate` (the self-attention's
     gate only) as there too; and `use_layer_scalar`
     (keyword, decoder only): a weight `layer_scalar` `(1,)`, ones at first,
@@ -165,6 +167,13 @@ class TransformerDecoderLayer(TransformerLayerBase):
                 "`use_parallel_residual=True` is the pre-norm parallel block x + attn(N(x)) "
                 "+ ffn(N(x)); it needs `normalize_first=True`. Received: "
                 "use_parallel_residual=True, normalize_first=False")
+        if use_parallel_residual and not self.use_attention_input_norm:
+            # The parallel block's one norm is the self-attention's: without it neither
+            # branch would be normalised.
+            raise ValueError(
+                "`use_parallel_residual=True` normalises both branches with the "
+                "self-attention's norm, which `use_attention_input_norm=False` removes. "
+                "Received: use_parallel_residual=True, use_attention_input_norm=False")
         self.use_parallel_residual = use_parallel_residual
         # Gemma 4's `layer_scalar`: a weight `(1,)` (ones at first) that multiplies the
         # block's whole output (the residual stream), after the feed-forward's residual.

@@ -110,6 +110,12 @@ class TransformerEncoderLayer(TransformerLayerBase):
             `feed_forward` that normalises its own input receives the residual
             stream (`keras_attn.ParallelMixtureOfExperts`, Gemma 4's router).
             Pre-norm only. In the config only when False.
+        use_attention_input_norm: False (keyword) removes only the norm
+            before the self-attention, keeping the feed-forward's: the block is
+            `x = x + Drop(attn(x))`, then `x = x + Drop(ffn(N(x)))` (ModernBERT's
+            layer 0, whose `attn_norm` is `nn.Identity()`); `self_attention_norm`
+            is then not made. Needs `normalize_first=True` (else a `ValueError`).
+            In the config only when False.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Sublayers: `self_attention` (`keras_attn.MultiHeadAttention`, or the given

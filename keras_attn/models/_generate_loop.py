@@ -1,7 +1,9 @@
 """`CausalLM.generate`'s compiled loop: a Keras model per setting, kept on the model, and
 the traced decoding step (PyTorch), reached through the "trace_step" hook."""
 
+import functools
 import numbers
+import threading
 
 import keras
 import numpy as np
@@ -16,7 +18,7 @@ from keras_attn.models import _padding
 from keras_attn.models._checks import _check_token_ids
 
 __all__ = ["cache_recompute_lengths", "forget_if_changed", "generate_over_kept_loops",
-           "loops_of", "set_step_tracer", "traced_step_of"]
+           "loops_of", "one_call_at_a_time", "set_step_tracer", "traced_step_of"]
 
 # The attribute values a kept loop may have captured (read by `call` at trace time).
 _PLAIN = (bool, int, float, str, type(None))
@@ -112,12 +114,14 @@ class _Loops:
     """A model's `{settings: _GenerateLoop}` and its traced decoding step, in a plain
     object: Keras's saving walks a model's attributes and would save a dict or list of
     models in it (and a module-level map would keep every model alive through its loop);
-    and the model's state they were made for (`model_state`)."""
+    and the model's state they were made for (`model_state`); and the lock that lets one
+    `generate` at a time use them (`one_call_at_a_time`)."""
 
     def __init__(self):
         self.loops = {}
         self.step = None
         self.state = None
+        self.lock = threading.RLock()
 
 
 def model_state(lm):
@@ -151,12 +155,40 @@ def forget_if_changed(lm):
         holder.state = state
 
 
+_HOLDER_LOCK = threading.Lock()  # two threads' first `generate` make one holder
+
+
 def _holder(lm):
     holder = getattr(lm, "_generate_loops", None)
     if holder is None:
-        holder = _Loops()
-        lm._generate_loops = holder
+        with _HOLDER_LOCK:
+            holder = getattr(lm, "_generate_loops", None)
+            if holder is None:
+                holder = _Loops()
+                lm._generate_loops = holder
     return holder
+
+
+def one_call_at_a_time(generate):
+    """`generate(lm, ...)` holding `lm`'s lock: calls on one model from several threads run
+    one after the other, calls on different models at once. Keras's JAX predict donates
+    the weights' buffers to its compiled function and writes the results back; a second
+    thread reading the weights meanwhile raised "Buffer has been deleted or donated"
+    (issue 38). The lock also keeps the kept loops' map whole (`forget_if_changed`)."""
+    @functools.wraps(generate)
+    def locked(lm, *args, **kwargs):
+        with _holder(lm).lock:
+            return generate(lm, *args, **kwargs)
+    return locked
+
+
+def _predict(loop, prompt):
+    """`loop.predict_on_batch(prompt)`, or the "predict_on_one_replica" hook's answer where
+    it has one: under a `tf.distribute` strategy, Keras's predict runs the loop on every
+    replica and concatenates their (B, L) tokens into (replicas * B, L)."""
+    one_replica = _hooks.get("predict_on_one_replica")
+    tokens = None if one_replica is None else one_replica(loop, prompt)
+    return loop.predict_on_batch(prompt) if tokens is None else tokens
 
 
 def loops_of(lm):
@@ -185,6 +217,7 @@ def _default_jit_compile():
     """XLA on JAX and TensorFlow; PyTorch traces its step (torch.compile costs minutes)."""
     return keras.backend.backend() in ("jax", "tensorflow")
 
+@one_call_at_a_time
 def generate_over_kept_loops(lm, prompt_ids, max_length, *, end_token_id, temperature, top_k,
                              seed, jit_compile, padding_mask=None, attention_mask=None,
                              pad_token_id=None, return_lengths=False):
@@ -288,6 +321,6 @@ def _generate_rows(lm, prompt_ids, max_length, layout, lengths, *, end_token_id,
     inputs = {"prompt_ids": np.asarray(prompt, "int32")}
     if padded:
         inputs["prompt_lengths"] = np.asarray(padded["prompt_lengths"], "int32")
-    tokens = np.asarray(loops[key].predict_on_batch(inputs))
+    tokens = np.asarray(_predict(loops[key], inputs))
     check_generated(tokens, max_length)  # non-finite logits, once the values are known
     return ops.convert_to_tensor(tokens, "int32")
