@@ -14,6 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._sampling import check_top_p, make_chooser, sampling_settings
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Tensor
 from keras_attn._validation import check_positive_int, concrete_value, dtype_of
@@ -27,7 +28,8 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
              end_token_id: int | Sequence[int] | Tensor | None = None,
              temperature: float = 0.0, top_k: int | None = None,
              seed: int | keras.random.SeedGenerator | None = None,
-             recompute_cache_at: int | Sequence[int] | None = None) -> Tensor:
+             recompute_cache_at: int | Sequence[int] | None = None,
+             top_p: float | None = None, streamer: Any = None) -> Tensor:
     """Extend `prompt` token by token up to `max_length`, greedy or sampled.
 
     The contract of `next_token_fn(token_ids, cache, cache_update_index)`:
@@ -73,16 +75,19 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             be concrete: generate reads their values with
             `keras.ops.convert_to_numpy`, so a tensor traced by `jax.jit`
             or `tf.function` is refused.
-        temperature: 0 (default) for greedy decoding (argmax); a finite
-            number > 0 to sample from `softmax(logits / temperature)`.
+        temperature: 0 (default) for greedy decoding (argmax; `top_k`,
+            `top_p` and `seed` are then unused); a finite number > 0 to sample
+            from `softmax(logits / temperature)`.
         top_k: with sampling, draw only among the k most likely tokens
-            (a positive int).
-        seed: an int (any: taken modulo 2**32, as Keras's TensorFlow and
-            PyTorch backends take it) or a `keras.random.SeedGenerator` for
-            sampling. The noise of every step is drawn once before the loop (Gumbel-max:
-            `argmax(logits / temperature + Gumbel noise)` is an exact
-            sample), which keeps random state out of the compiled loop; it
-            costs `(L - P) * B * V` floats.
+            (a positive int; all of those tied with the k-th).
+        seed: an int (any: taken modulo 2**32) or a
+            `keras.random.SeedGenerator` for sampling. The noise of every step
+            is drawn once before the loop (Gumbel-max: the argmax of the
+            filtered logits plus Gumbel noise is an exact sample), which
+            keeps random state out of the compiled loop; it costs
+            `(L - P) * B * V` floats. An int seed's noise comes from a
+            counter-based hash in `keras.ops` (`keras_attn._sampling`): the
+            same tokens on every backend, compiled or not.
         recompute_cache_at: None, or sequence lengths N (an int or several):
             the step that would feed the token at position N - 1 alone feeds
             instead all N tokens so far at `cache_update_index` 0 (a second
@@ -92,6 +97,19 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             `CausalLM.generate` passes): the cached keys, rotated with the short
             factors, are recomputed, so that every step's logits are the
             uncached forward's over the sequence so far.
+        top_p: None, or nucleus sampling's mass, `0 < top_p <= 1`:
+            transformers' `TopPLogitsWarper` after the temperature and
+            `top_k` (transformers' order): over the tokens sorted by
+            increasing probability, those whose cumulative probability is
+            `<= 1 - top_p` are dropped, the most likely always kept (1: none
+            dropped).
+        streamer: None, or transformers' streamer protocol: an object whose
+            `put(value)` receives the prompt (a NumPy int32 `(B, P)`) and
+            then each new token `(B,)` as it is chosen, and whose `end()` is
+            called once at the end. The tokens are those generated without
+            a streamer; but the steps then run in a Python loop (one call of
+            `next_token_fn` and one host transfer per token, outside any
+            compiled loop).
 
     Returns:
         int32 `(B, L)`: the prompt, then the generated tokens.
@@ -152,14 +170,40 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             f"Received: prompt.shape={shape}, max_length={max_length}")
     temperature = _check_temperature(temperature)
     top_k = check_positive_int("top_k", top_k, allow_none=True)
+    top_p = check_top_p(top_p)
+    check_streamer(streamer)
+    sampling = sampling_settings(temperature, top_k, top_p, seed) if temperature > 0 else None
+    return generate_checked(next_token_fn, ops.cast(prompt, "int32"), max_length, cache,
+                            end_token_id=end_token_id, sampling=sampling,
+                            recompute_cache_at=recompute_cache_at, streamer=streamer)
+
+
+def generate_checked(next_token_fn, prompt, max_length, cache, *, end_token_id, sampling,
+                     recompute_cache_at=None, streamer=None):
+    """`generate` on an int32 prompt of a checked shape, with `sampling` None (greedy) or
+    `keras_attn._sampling.sampling_settings`'s dict, whose values may be tensors (the
+    inputs of `CausalLM.generate`'s kept loop)."""
     stops = _stop_token_ids(end_token_id)  # a tuple of Python ints, () for None
-    prompt = ops.cast(prompt, "int32")
     recompute = _recompute_lengths(recompute_cache_at)
-    tokens = _generate(next_token_fn, prompt, max_length, cache, stops=stops,
-                       end_token_id=end_token_id, temperature=temperature, top_k=top_k, seed=seed,
-                       recompute=recompute)
+    if streamer is not None:
+        from keras_attn._streaming import stream_tokens
+
+        tokens = stream_tokens(next_token_fn, prompt, max_length, cache, stops=stops,
+                               end_token_id=end_token_id, sampling=sampling,
+                               recompute=recompute, streamer=streamer)
+    else:
+        tokens = _generate(next_token_fn, prompt, max_length, cache, stops=stops,
+                           end_token_id=end_token_id, sampling=sampling, recompute=recompute)
     check_generated(tokens, max_length)
     return tokens
+
+
+def check_streamer(streamer):
+    """None, or an object with callable `put` and `end` (transformers' streamer protocol)."""
+    if streamer is not None and not (callable(getattr(streamer, "put", None))
+                                     and callable(getattr(streamer, "end", None))):
+        raise ValueError("`streamer` must be None or an object with `put(value)` and `end()` "
+                         f"methods (transformers' streamers). Received: streamer={streamer!r}")
 
 
 def check_generated(tokens, max_length):
@@ -187,47 +231,16 @@ def _recompute_lengths(value):
     return tuple(sorted({int(v) for v in values}))
 
 
-def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, temperature,
-              top_k, seed, recompute=()):
+def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, sampling,
+              recompute=()):
     """The prefill and the decoding loop, on checked arguments."""
     batch, prompt_length = static_shape(prompt)
     logits, cache = _check_returned(
         next_token_fn(prompt, cache, ops.convert_to_tensor(0, "int32")),
         cache, batch, prompt_length, None, prefill=True)
     vocabulary = static_shape(logits)[-1]
-    if vocabulary is not None and any(stop >= vocabulary for stop in stops):
-        raise ValueError(
-            f"`end_token_id` must hold token ids < V = {vocabulary} (the last axis of "
-            f"the logits). Received: end_token_id={_describe(end_token_id)}")
-    noise = None
-    if temperature > 0:
-        # One (B, V) slab of Gumbel noise per generated token: (L - P, B, V).
-        if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
-            # Keras's seeds are uint32: its int32-seeded backends (TensorFlow, PyTorch) take
-            # an int modulo 2**32, its uint32 ones (JAX, NumPy) raise OverflowError for a
-            # negative one or one >= 2**32. Modulo 2**32 everywhere: any int on every
-            # backend, the same draws as before on TensorFlow and PyTorch.
-            seed = int(seed) % 2**32
-        uniform = keras.random.uniform((max_length - prompt_length, batch, vocabulary),
-                                       minval=1e-7, maxval=1.0, seed=seed)
-        noise = -ops.log(-ops.log(uniform))
-
-    def choose(logits, step):
-        """The next token `(B,)` from the last logits `(B, V)`; `step` counts from 0.
-
-        A row whose logits are not all finite gets -1: no id, visibly (see above).
-        """
-        logits = ops.cast(logits, "float32")
-        finite = ops.all(ops.isfinite(logits), axis=-1)  # (B,)
-        if noise is None:
-            chosen = ops.argmax(logits, axis=-1)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = ops.top_k(logits, min(top_k, vocabulary))[0][:, -1:]  # (B, 1)
-                logits = ops.where(logits < kth, float("-inf"), logits)
-            chosen = ops.argmax(logits + ops.take(noise, step, axis=0), axis=-1)
-        return ops.where(finite, ops.cast(chosen, "int32"), -1)
+    check_stops_fit(stops, vocabulary, end_token_id)
+    choose = make_chooser(sampling, max_length - prompt_length, batch, vocabulary)
 
     fill = stops[0] if stops else 0
     tokens = ops.full((batch, max_length), fill, dtype="int32")
@@ -287,6 +300,14 @@ def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, 
             recompute_step(length - 1, *state[1:]))[1:]
     _, tokens, _, _ = ops.while_loop(cond, body, state)
     return tokens
+
+
+def check_stops_fit(stops, vocabulary, end_token_id):
+    """Every stop token is an id < V, once the prefill's logits tell V."""
+    if vocabulary is not None and any(stop >= vocabulary for stop in stops):
+        raise ValueError(
+            f"`end_token_id` must hold token ids < V = {vocabulary} (the last axis of "
+            f"the logits). Received: end_token_id={_describe(end_token_id)}")
 
 
 def check_capacity(given, returned, max_length):
