@@ -10,6 +10,7 @@ the same noise) and handing it to `streamer.put` as a NumPy `(B,)` int32 array.
 import numpy as np
 from keras import ops
 
+from keras_attn._observe import record_path
 from keras_attn._sampling import make_chooser
 from keras_attn._shapes import static_shape
 from keras_attn.generation import _check_returned, _finish, check_capacity, check_stops_fit
@@ -24,6 +25,7 @@ def stream_tokens(next_token_fn, prompt, max_length, cache, *, stops, end_token_
     The loop ends, as the compiled one does, at `max_length` or once every row has
     emitted a stop token; the positions left are the first stop token, not streamed.
     """
+    record_path("streamed")
     batch, prompt_length = static_shape(prompt)
     streamer.put(np.asarray(ops.convert_to_numpy(prompt), "int32"))
     logits, cache = _check_returned(

@@ -1,16 +1,24 @@
 """`CausalLM.generate`'s compiled loop: a Keras model per setting, kept on the model, and
 the traced decoding step (PyTorch), reached through the "trace_step" hook."""
 
+import collections
 import numbers
 
 import keras
 import numpy as np
 from keras import ops
 
-from keras_attn import _hooks
+from keras_attn import _device, _hooks
+from keras_attn._sampling import check_top_p, sampling_settings
 from keras_attn._validation import check_positive_int, concrete_value
 from keras_attn.cache import empty_cache
-from keras_attn.generation import _check_temperature, _stop_token_ids, check_generated
+from keras_attn.generation import (
+    _check_temperature,
+    _stop_token_ids,
+    check_generated,
+    check_streamer,
+    generate_checked,
+)
 from keras_attn.generation import generate as generate_tokens
 from keras_attn.models._checks import _check_token_ids
 
@@ -19,6 +27,11 @@ __all__ = ["cache_recompute_lengths", "forget_if_changed", "generate_over_kept_l
 
 # The attribute values a kept loop may have captured (read by `call` at trace time).
 _PLAIN = (bool, int, float, str, type(None))
+# A sampling loop's inputs besides the prompt (`_GenerateLoop`), and how many loops a model
+# keeps (the least recently used goes first): one per prompt shape, max_length, stop
+# tokens, greedy or sampled, jit_compile and traced step.
+_SAMPLING_INPUTS = ("seed", "temperature", "top_k", "top_p_cut")
+MAX_KEPT_LOOPS = 8
 
 
 def cache_recompute_lengths(lm):
@@ -55,7 +68,7 @@ def _empty_caches(lm, batch, max_length):
 class _GenerateLoop(keras.Model):
     """`CausalLM.generate` as a Keras model, so that Keras compiles it.
 
-    `predict_on_batch(prompt_ids)` runs the prefill and the whole decoding
+    `predict_on_batch(inputs)` runs the prefill and the whole decoding
     loop inside Keras's predict function: `jax.jit` with the weights as state
     on JAX, `tf.function` (with XLA when `jit_compile`) on TensorFlow,
     `torch.compile` with `jit_compile=True` on PyTorch (else eager, without
@@ -63,35 +76,52 @@ class _GenerateLoop(keras.Model):
     so a second `generate` of the same shape compiles nothing (without it,
     JAX traced and compiled the loop at every call: 1.9 s for 16 tokens of a
     2-layer model, against 5 ms for keras-hub's cached function).
+
+    `inputs` is a dict: `"prompt_ids"` int32 `(B, P)` and, for a sampling loop
+    (`sampled`), the settings as tensors, so that another seed, temperature,
+    top_k or top_p reuses the compiled loop: `"seed"` int32 `(2,)`
+    (`keras_attn._sampling.seed_pair`), `"temperature"` float32 `()`,
+    `"top_k"` int32 `()` (0: none), `"top_p_cut"` float32 `()` (`1 - top_p`, 0:
+    none; computed in float64 as transformers does).
     """
 
-    def __init__(self, lm, max_length, options, jit_compile, step=None):
+    def __init__(self, lm, max_length, end_token_id, sampled, jit_compile, step=None):
         super().__init__(name=f"{lm.name}_generate")
-        self.lm, self.max_length, self.options = lm, max_length, options
+        self.lm, self.max_length = lm, max_length
+        self.end_token_id, self.sampled = end_token_id, sampled
+        self.options = {"end_token_id": end_token_id, "sampled": sampled}
         self.jit_compile = jit_compile
         self.step = step  # the traced decoding step (PyTorch, "auto"), or None
         self.traces = 0  # how often `call` ran: once per compilation, at every eager call
         self.built = True  # the weights are the (built) lm's
 
-    def call(self, prompt_ids):
+    def call(self, inputs):
         self.traces += 1
-        batch = prompt_ids.shape[0]
-        caches = _empty_caches(self.lm, batch, self.max_length)
-        step = self.lm.next_token_logits
-        if self.step is not None:
-            self.step.follow(self.lm.variables)  # once per call: the weights may have changed
-            step = self._prefill_eagerly_then(self.step)
-        return generate_tokens(step, prompt_ids, self.max_length, caches,
-                               recompute_cache_at=cache_recompute_lengths(self.lm),
-                               **self.options)
+        prompt_ids = inputs["prompt_ids"]
+        sampling = None
+        if self.sampled:
+            sampling = {name: inputs[name] for name in _SAMPLING_INPUTS}
+        caches = _empty_caches(self.lm, prompt_ids.shape[0], self.max_length)
+        return generate_checked(self.decoding_step(), prompt_ids, self.max_length, caches,
+                                end_token_id=self.end_token_id, sampling=sampling,
+                                recompute_cache_at=cache_recompute_lengths(self.lm))
 
-    def _prefill_eagerly_then(self, traced):
-        """The prefill (P tokens, once) eagerly; the decoding steps (1 token) from `traced`."""
-        def step(token_ids, caches, index):
-            if token_ids.shape[1] != 1:
-                return self.lm.next_token_logits(token_ids, caches, index)
-            return traced(token_ids, caches, index)
-        return step
+    def decoding_step(self):
+        """`next_token_fn` for this loop: the model's, or the traced step after an eager
+        prefill."""
+        if self.step is None:
+            return self.lm.next_token_logits
+        self.step.follow(self.lm.variables)  # once per call: the weights may have changed
+        return _prefill_eagerly_then(self.lm, self.step)
+
+
+def _prefill_eagerly_then(lm, traced):
+    """The prefill (P tokens, once) eagerly; the decoding steps (1 token) from `traced`."""
+    def step(token_ids, caches, index):
+        if token_ids.shape[1] != 1:
+            return lm.next_token_logits(token_ids, caches, index)
+        return traced(token_ids, caches, index)
+    return step
 
 
 class _Loops:
@@ -101,7 +131,7 @@ class _Loops:
     and the model's state they were made for (`model_state`)."""
 
     def __init__(self):
-        self.loops = {}
+        self.loops = collections.OrderedDict()
         self.step = None
         self.state = None
 
@@ -172,7 +202,7 @@ def _default_jit_compile():
     return keras.backend.backend() in ("jax", "tensorflow")
 
 def generate_over_kept_loops(lm, prompt_ids, max_length, *, end_token_id, temperature, top_k,
-                             seed, jit_compile):
+                             seed, jit_compile, top_p=None, streamer=None):
     """`CausalLM.generate` (its docstring): the arguments checked, then the loop kept for this
     prompt shape and these settings (made and compiled the first time), or, for a traced
     prompt, NumPy or unseeded sampling, the loop run as it is."""
@@ -194,31 +224,65 @@ def generate_over_kept_loops(lm, prompt_ids, max_length, *, end_token_id, temper
     if jit_compile not in ("auto", True, False):
         raise ValueError(f"`jit_compile` must be 'auto', True or False. Received: "
                          f"jit_compile={jit_compile!r}")
+    temperature = _check_temperature(temperature)
+    top_k = check_positive_int("top_k", top_k, allow_none=True)
+    top_p = check_top_p(top_p)
+    check_streamer(streamer)
+    stops = _stop_token_ids(end_token_id)  # checked here, before anything compiles
     forget_if_changed(lm)  # kept loops of a model since changed decode the old one
     # "auto" on a backend with a step tracer (PyTorch): the traced decoding step.
     step = traced_step_of(lm) if jit_compile == "auto" else None
     jit_compile = _default_jit_compile() if jit_compile == "auto" else jit_compile
-    sampling = _check_temperature(temperature) > 0
+    sampled = temperature > 0
     prompt = concrete_value(prompt_ids)
+    if streamer is not None:
+        return _stream(lm, prompt_ids, max_length, step, streamer=streamer,
+                       end_token_id=end_token_id, temperature=temperature, top_k=top_k,
+                       top_p=top_p, seed=seed)
     if (keras.backend.backend() == "numpy" or prompt is None
-            or (sampling and not isinstance(seed, numbers.Integral))):
+            or (sampled and not isinstance(seed, numbers.Integral))):
         caches = _empty_caches(lm, batch, max_length)
         return generate_tokens(lm.next_token_logits, prompt_ids, max_length, caches,
                                end_token_id=end_token_id, temperature=temperature,
-                               top_k=top_k, seed=seed,
+                               top_k=top_k, seed=seed, top_p=top_p,
                                recompute_cache_at=cache_recompute_lengths(lm))
-    stops = _stop_token_ids(end_token_id)  # checked here, before anything compiles
-    top_k = check_positive_int("top_k", top_k, allow_none=True)
-    options = {"end_token_id": list(stops) or None, "temperature": float(temperature),
-               "top_k": top_k, "seed": int(seed) if sampling else None}
+    inputs = {"prompt_ids": np.asarray(prompt, "int32")}
+    if sampled:
+        inputs.update(sampling_settings(temperature, top_k, top_p, seed))
     # The prompt's shape is part of the key: a loop traced for one (B, P) and called
     # with another is retraced by TensorFlow with the batch relaxed to None, which the
-    # caches cannot size (generate on (2, 4) then (1, 4) raised, issue 38).
-    key = (tuple(prompt.shape), max_length, stops, options["temperature"], top_k,
-           options["seed"], bool(jit_compile), step is not None)
+    # caches cannot size (generate on (2, 4) then (1, 4) raised, issue 38). The sampling
+    # settings are not: they are the loop's inputs.
+    key = (tuple(prompt.shape), max_length, stops, sampled, bool(jit_compile),
+           step is not None)
     loops = loops_of(lm)
-    if key not in loops:
-        loops[key] = _GenerateLoop(lm, max_length, options, bool(jit_compile), step)
-    tokens = np.asarray(loops[key].predict_on_batch(np.asarray(prompt, "int32")))
+    if key in loops:
+        loops.move_to_end(key)
+    else:
+        loops[key] = _GenerateLoop(lm, max_length, list(stops) or None, sampled,
+                                   bool(jit_compile), step)
+    while len(loops) > MAX_KEPT_LOOPS:  # the least recently used first
+        loops.popitem(last=False)
+    tokens = np.asarray(loops[key].predict_on_batch(inputs))
     check_generated(tokens, max_length)  # non-finite logits, once the values are known
     return ops.convert_to_tensor(tokens, "int32")
+
+
+def _stream(lm, prompt_ids, max_length, step, *, streamer, **options):
+    """A streamed generation: the prefill and each step called from Python (generation's
+    `streamer`); on PyTorch the decoding steps are the traced step's where there is one,
+    and everything runs without autograd."""
+    batch = tuple(prompt_ids.shape)[0]
+    next_token_fn = lm.next_token_logits
+    if step is not None:
+        step.follow(lm.variables)
+        next_token_fn = _prefill_eagerly_then(lm, step)
+
+    def run():
+        return generate_tokens(next_token_fn, prompt_ids, max_length,
+                               _empty_caches(lm, batch, max_length), streamer=streamer,
+                               recompute_cache_at=cache_recompute_lengths(lm), **options)
+
+    if keras.backend.backend() == "torch":
+        run = _device.compile_inference(run)  # under torch.no_grad(), nothing compiled
+    return run()

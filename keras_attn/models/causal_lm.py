@@ -363,7 +363,7 @@ class CausalLM(keras.Model):
 
     def generate(self, prompt_ids, max_length: int, *, end_token_id=None,
                  temperature: float = 0.0, top_k: int | None = None, seed=None,
-                 jit_compile="auto"):
+                 jit_compile="auto", top_p: float | None = None, streamer=None):
         """Extend `prompt_ids` `(B, P)` to `(B, L)` tokens, greedy by default.
 
         A prefill over the prompt, then one cached step per token inside
@@ -414,7 +414,8 @@ class CausalLM(keras.Model):
         """
         return generate_over_kept_loops(self, prompt_ids, max_length, end_token_id=end_token_id,
                                         temperature=temperature, top_k=top_k, seed=seed,
-                                        jit_compile=jit_compile)
+                                        jit_compile=jit_compile, top_p=top_p,
+                                        streamer=streamer)
 
     def save(self, filepath, *args, **kwargs):
         """`keras.Model.save`, refusing a quantized model before a file is written
