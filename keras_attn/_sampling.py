@@ -26,8 +26,18 @@ import keras
 import numpy as np
 from keras import ops
 
-__all__ = ["check_top_p", "filter_logits", "gumbel_noise", "make_chooser", "sampling_settings",
-           "seed_pair", "top_p_cut"]
+__all__ = ["check_temperature", "check_top_p", "filter_logits", "gumbel_noise", "make_chooser",
+           "sampling_settings", "seed_pair", "top_p_cut"]
+
+
+def check_temperature(temperature):
+    """A finite number >= 0 (Python or NumPy, not a bool), as a Python float."""
+    if (isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real)
+            or not (np.isfinite(temperature) and temperature >= 0)):
+        raise ValueError(
+            "`temperature` must be a finite number >= 0 (0 for greedy decoding). "
+            f"Received: temperature={temperature!r}")
+    return float(temperature)
 
 
 def check_top_p(top_p):

@@ -15,7 +15,15 @@ from keras_attn._sampling import make_chooser
 from keras_attn._shapes import static_shape
 from keras_attn.generation import _check_returned, _finish, check_capacity, check_stops_fit
 
-__all__ = ["stream_tokens"]
+__all__ = ["check_streamer", "stream_tokens"]
+
+
+def check_streamer(streamer):
+    """None, or an object with callable `put` and `end` (transformers' streamer protocol)."""
+    if streamer is not None and not (callable(getattr(streamer, "put", None))
+                                     and callable(getattr(streamer, "end", None))):
+        raise ValueError("`streamer` must be None or an object with `put(value)` and `end()` "
+                         f"methods (transformers' streamers). Received: streamer={streamer!r}")
 
 
 def stream_tokens(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, sampling,

@@ -14,6 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._sampling import check_temperature as _check_temperature
 from keras_attn._sampling import check_top_p, make_chooser, sampling_settings
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Tensor
@@ -81,13 +82,11 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
         top_k: with sampling, draw only among the k most likely tokens
             (a positive int; all of those tied with the k-th).
         seed: an int (any: taken modulo 2**32) or a
-            `keras.random.SeedGenerator` for sampling. The noise of every step
-            is drawn once before the loop (Gumbel-max: the argmax of the
-            filtered logits plus Gumbel noise is an exact sample), which
-            keeps random state out of the compiled loop; it costs
-            `(L - P) * B * V` floats. An int seed's noise comes from a
-            counter-based hash in `keras.ops` (`keras_attn._sampling`): the
-            same tokens on every backend, compiled or not.
+            `keras.random.SeedGenerator` for sampling. Every step's noise is
+            drawn once before the loop (Gumbel-max: argmax of the filtered
+            logits plus Gumbel noise is an exact sample; `(L - P) * B * V`
+            floats); an int seed's comes from a hash in `keras.ops`
+            (`keras_attn._sampling`): the same tokens on every backend.
         recompute_cache_at: None, or sequence lengths N (an int or several):
             the step that would feed the token at position N - 1 alone feeds
             instead all N tokens so far at `cache_update_index` 0 (a second
@@ -99,17 +98,14 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             uncached forward's over the sequence so far.
         top_p: None, or nucleus sampling's mass, `0 < top_p <= 1`:
             transformers' `TopPLogitsWarper` after the temperature and
-            `top_k` (transformers' order): over the tokens sorted by
-            increasing probability, those whose cumulative probability is
-            `<= 1 - top_p` are dropped, the most likely always kept (1: none
-            dropped).
-        streamer: None, or transformers' streamer protocol: an object whose
-            `put(value)` receives the prompt (a NumPy int32 `(B, P)`) and
-            then each new token `(B,)` as it is chosen, and whose `end()` is
-            called once at the end. The tokens are those generated without
-            a streamer; but the steps then run in a Python loop (one call of
-            `next_token_fn` and one host transfer per token, outside any
-            compiled loop).
+            `top_k` (its order): the tokens whose cumulative probability, in
+            increasing order, is `<= 1 - top_p` are dropped (the most likely
+            is kept).
+        streamer: None, or transformers' streamer protocol: `put(value)`
+            gets the prompt (NumPy int32 `(B, P)`), then each new token
+            `(B,)`; `end()` is called once. The tokens are those without a
+            streamer, but the steps run from Python (one `next_token_fn`
+            call and one host transfer per token, no compiled loop).
 
     Returns:
         int32 `(B, L)`: the prompt, then the generated tokens.
@@ -171,7 +167,10 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
     temperature = _check_temperature(temperature)
     top_k = check_positive_int("top_k", top_k, allow_none=True)
     top_p = check_top_p(top_p)
-    check_streamer(streamer)
+    if streamer is not None:
+        from keras_attn._streaming import check_streamer
+
+        check_streamer(streamer)
     sampling = sampling_settings(temperature, top_k, top_p, seed) if temperature > 0 else None
     return generate_checked(next_token_fn, ops.cast(prompt, "int32"), max_length, cache,
                             end_token_id=end_token_id, sampling=sampling,
@@ -196,14 +195,6 @@ def generate_checked(next_token_fn, prompt, max_length, cache, *, end_token_id, 
                            end_token_id=end_token_id, sampling=sampling, recompute=recompute)
     check_generated(tokens, max_length)
     return tokens
-
-
-def check_streamer(streamer):
-    """None, or an object with callable `put` and `end` (transformers' streamer protocol)."""
-    if streamer is not None and not (callable(getattr(streamer, "put", None))
-                                     and callable(getattr(streamer, "end", None))):
-        raise ValueError("`streamer` must be None or an object with `put(value)` and `end()` "
-                         f"methods (transformers' streamers). Received: streamer={streamer!r}")
 
 
 def check_generated(tokens, max_length):
@@ -363,16 +354,6 @@ def _finish(chosen, done, stops):
     for stop in stops[1:]:
         hit = ops.logical_or(hit, ops.equal(chosen, stop))
     return chosen, ops.logical_or(done, hit)
-
-
-def _check_temperature(temperature):
-    """A finite number >= 0 (Python or NumPy, not a bool), as a Python float."""
-    if (isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real)
-            or not (np.isfinite(temperature) and temperature >= 0)):
-        raise ValueError(
-            "`temperature` must be a finite number >= 0 (0 for greedy decoding). "
-            f"Received: temperature={temperature!r}")
-    return float(temperature)
 
 
 _END_TOKEN_RULE = (

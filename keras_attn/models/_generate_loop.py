@@ -9,14 +9,13 @@ import numpy as np
 from keras import ops
 
 from keras_attn import _device, _hooks
-from keras_attn._sampling import check_top_p, sampling_settings
+from keras_attn._sampling import check_temperature, check_top_p, sampling_settings
+from keras_attn._streaming import check_streamer
 from keras_attn._validation import check_positive_int, concrete_value
 from keras_attn.cache import empty_cache
 from keras_attn.generation import (
-    _check_temperature,
     _stop_token_ids,
     check_generated,
-    check_streamer,
     generate_checked,
 )
 from keras_attn.generation import generate as generate_tokens
@@ -224,7 +223,7 @@ def generate_over_kept_loops(lm, prompt_ids, max_length, *, end_token_id, temper
     if jit_compile not in ("auto", True, False):
         raise ValueError(f"`jit_compile` must be 'auto', True or False. Received: "
                          f"jit_compile={jit_compile!r}")
-    temperature = _check_temperature(temperature)
+    temperature = check_temperature(temperature)
     top_k = check_positive_int("top_k", top_k, allow_none=True)
     top_p = check_top_p(top_p)
     check_streamer(streamer)

@@ -368,7 +368,8 @@ class CausalLM(keras.Model):
 
         A prefill over the prompt, then one cached step per token inside
         `keras.ops.while_loop` (`keras_attn.generation.generate`, which
-        documents `end_token_id`, `temperature`, `top_k` and `seed`), over
+        documents `end_token_id`, `temperature`, `top_k`, `top_p`, `seed` and
+        `streamer`), over
         one key/value cache of L slots per block.
 
         RoPE whose frequencies switch with the positions (longrope: past
@@ -395,9 +396,11 @@ class CausalLM(keras.Model):
         traced prompt (inside the caller's `jax.jit` or `tf.function`), or
         sampling with a `keras.random.SeedGenerator` or without a seed,
         runs the loop as it is, in the caller's context. An int `seed`
-        samples the same tokens at every call; on TensorFlow, which ones
-        depends on XLA (its stateless random kernels differ with and
-        without it).
+        samples the same tokens at every call, on every backend. The
+        sampling settings are the kept loop's inputs: a new seed compiles
+        nothing; at most 8 loops are kept (least recently used dropped). A
+        `streamer` runs the steps from Python (PyTorch: the traced step;
+        JAX, TensorFlow: eagerly, slower), the same tokens.
 
         Args:
             prompt_ids: int `(B, P)`, every row P real tokens.
@@ -408,6 +411,8 @@ class CausalLM(keras.Model):
             top_k: with sampling, only among the k most likely tokens.
             seed: an int or `keras.random.SeedGenerator`, for sampling.
             jit_compile: "auto", True or False, as described above.
+            top_p: None, or with sampling the nucleus mass, in (0, 1].
+            streamer: None, or an object with `put(value)` and `end()`.
 
         Returns:
             int32 `(B, L)`: the prompt, then the generated tokens.

@@ -134,7 +134,7 @@ def test_sampled_tokens_come_from_the_allowed_set_and_tiny_top_p_is_greedy():
     np.testing.assert_array_equal(tiny, greedy)
     settings = (1.5, 6, 0.7)
     drawn = []
-    for seed in (1, 2, 3):
+    for seed in (1, 2):
         tokens = to_numpy(generate(model.next_token_fn, _prompt(), L, model.cache(),
                                    temperature=settings[0], top_k=settings[1],
                                    top_p=settings[2], seed=seed))
