@@ -13,6 +13,7 @@ from keras import ops
 from keras_attn._observe import record_path
 from keras_attn._sampling import make_chooser
 from keras_attn._shapes import static_shape
+from keras_attn._validation import concrete_value
 from keras_attn.generation import _check_returned, _finish, check_capacity, check_stops_fit
 
 __all__ = ["check_streamer", "stream_tokens"]
@@ -33,9 +34,15 @@ def stream_tokens(next_token_fn, prompt, max_length, cache, *, stops, end_token_
     The loop ends, as the compiled one does, at `max_length` or once every row has
     emitted a stop token; the positions left are the first stop token, not streamed.
     """
+    values = concrete_value(prompt)
+    if values is None:
+        raise ValueError("`streamer` needs a prompt whose values are known (an array or an "
+                         "eager tensor): a streamed generation runs from Python, not inside "
+                         "jax.jit or tf.function. Received: a traced prompt of shape "
+                         f"{static_shape(prompt)}")
     record_path("streamed")
     batch, prompt_length = static_shape(prompt)
-    streamer.put(np.asarray(ops.convert_to_numpy(prompt), "int32"))
+    streamer.put(np.asarray(values, "int32"))
     logits, cache = _check_returned(
         next_token_fn(prompt, cache, ops.convert_to_tensor(0, "int32")),
         cache, batch, prompt_length, None, prefill=True)
@@ -43,7 +50,7 @@ def stream_tokens(next_token_fn, prompt, max_length, cache, *, stops, end_token_
     check_stops_fit(stops, vocabulary, end_token_id)
     choose = make_chooser(sampling, max_length - prompt_length, batch, vocabulary)
     tokens = np.full((batch, max_length), stops[0] if stops else 0, "int32")
-    tokens[:, :prompt_length] = ops.convert_to_numpy(prompt)
+    tokens[:, :prompt_length] = values
     done = ops.zeros((batch,), dtype="bool")
 
     def emit(logits, index, done):

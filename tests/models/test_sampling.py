@@ -218,11 +218,17 @@ def test_sampling_settings_are_inputs_of_one_kept_loop(monkeypatch):
         assert [loop.traces for loop in loops.values()] == [1, 1]
     elif keras.backend.backend() == "torch":  # eager: the loop runs at every call
         assert [loop.traces for loop in loops.values()] == [1, len(settings)]
+    step = _generate_loop.traced_step_of(lm)  # PyTorch's traced step, None elsewhere
+    calls = getattr(step, "graph_calls", 0)
     for kwargs, expected in ((settings[3], drawn[3]), ({}, greedy)):
         streamer = _Collect()
-        tokens = to_numpy(lm.generate(prompt, max_length=L, streamer=streamer, **kwargs))
+        with keras_attn.observe_paths() as paths:
+            tokens = to_numpy(lm.generate(prompt, max_length=L, streamer=streamer, **kwargs))
+        assert paths["streamed"] == 1
         np.testing.assert_array_equal(tokens, expected)
         _check_stream(streamer, tokens)
+    if keras.backend.backend() == "torch":  # the streamed steps replayed the traced graph
+        assert step.graph_calls == calls + 2 * (L - 1 - P)
     if keras.backend.backend() != "numpy":
         # The least recently used loop goes past MAX_KEPT_LOOPS (here 1): the sampled one.
         monkeypatch.setattr(_generate_loop, "MAX_KEPT_LOOPS", 1)
@@ -237,6 +243,19 @@ def test_top_p_is_checked(value):
     with pytest.raises(ValueError, match=match):
         generate(model.next_token_fn, _prompt(), L, model.cache(), temperature=1.0,
                  top_p=value)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="a prompt traced by jax.jit")
+def test_a_traced_prompt_cannot_stream():
+    import jax
+
+    model = _TinyLM()
+
+    def run(prompt):
+        return generate(model.next_token_fn, prompt, L, model.cache(), streamer=_Collect())
+
+    with pytest.raises(ValueError, match=r"`streamer` needs a prompt whose values are known"):
+        jax.jit(run)(_prompt())
 
 
 def test_streamer_and_top_p_are_checked_by_causal_lm():
