@@ -19,9 +19,10 @@ def observe_paths():
     """Count the paths chosen while inside: yields a `collections.Counter`.
 
     Path name ("explicit", "fused", "blockwise", and "cached" for a call
-    over a key/value cache) -> the number of times it was chosen, at trace
-    time under a compiler. Observers nest (each counts what happens inside
-    it) and are scoped to the current context (thread, task).
+    over a key/value cache; "streamed" for a `generate` with a streamer) -> the
+    number of times it was chosen, at trace time under a compiler. Observers
+    nest (each counts what happens inside it) and are scoped to the current
+    context (thread, task).
     """
     counter = collections.Counter()
     token = _OBSERVERS.set(_OBSERVERS.get() + (counter,))

@@ -14,6 +14,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._sampling import check_temperature as _check_temperature
+from keras_attn._sampling import check_top_p, make_chooser, sampling_settings
 from keras_attn._shapes import static_shape
 from keras_attn._typing import Tensor
 from keras_attn._validation import check_positive_int, concrete_value, dtype_of
@@ -28,6 +30,7 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
              temperature: float = 0.0, top_k: int | None = None,
              seed: int | keras.random.SeedGenerator | None = None,
              recompute_cache_at: int | Sequence[int] | None = None,
+             top_p: float | None = None, streamer: Any = None,
              prompt_lengths: Tensor | None = None,
              prefill_length: int | None = None) -> Tensor:
     """Extend `prompt` token by token up to `max_length`, greedy or sampled.
@@ -75,16 +78,17 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             be concrete: generate reads their values with
             `keras.ops.convert_to_numpy`, so a tensor traced by `jax.jit`
             or `tf.function` is refused.
-        temperature: 0 (default) for greedy decoding (argmax); a finite
-            number > 0 to sample from `softmax(logits / temperature)`.
+        temperature: 0 (default) for greedy decoding (argmax; `top_k`,
+            `top_p` and `seed` are then unused); a finite number > 0 to sample
+            from `softmax(logits / temperature)`.
         top_k: with sampling, draw only among the k most likely tokens
-            (a positive int).
-        seed: an int (any: taken modulo 2**32, as Keras's TensorFlow and
-            PyTorch backends take it) or a `keras.random.SeedGenerator` for
-            sampling. The noise of every step is drawn once before the loop (Gumbel-max:
-            `argmax(logits / temperature + Gumbel noise)` is an exact
-            sample), which keeps random state out of the compiled loop; it
-            costs `(L - P) * B * V` floats.
+            (a positive int; all of those tied with the k-th).
+        seed: an int (any: taken modulo 2**32) or a
+            `keras.random.SeedGenerator` for sampling. Every step's noise is
+            drawn once before the loop (Gumbel-max: argmax of the filtered
+            logits plus Gumbel noise is an exact sample; `(L - P) * B * V`
+            floats); an int seed's comes from a hash in `keras.ops`
+            (`keras_attn._sampling`): the same tokens on every backend.
         recompute_cache_at: None, or sequence lengths N (an int or several):
             the step that would feed the token at position N - 1 alone feeds
             instead all N tokens so far at `cache_update_index` 0 (a second
@@ -94,6 +98,16 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             `CausalLM.generate` passes): the cached keys, rotated with the short
             factors, are recomputed, so that every step's logits are the
             uncached forward's over the sequence so far.
+        top_p: None, or nucleus sampling's mass, `0 < top_p <= 1`:
+            transformers' `TopPLogitsWarper` after the temperature and
+            `top_k` (its order): the tokens whose cumulative probability, in
+            increasing order, is `<= 1 - top_p` are dropped (the most likely
+            is kept).
+        streamer: None, or transformers' streamer protocol: `put(value)`
+            gets the prompt (NumPy int32 `(B, P)`), then each new token
+            `(B,)`; `end()` is called once. The tokens are those without a
+            streamer, but the steps run from Python (one `next_token_fn`
+            call and one host transfer per token, no compiled loop).
         prompt_lengths: None (every row P real tokens), or int `(B,)`: a
             right-padded prompt, row i's real tokens at positions
             `0 .. prompt_lengths[i] - 1` (each in `[1, P]`). The decoding
@@ -169,13 +183,35 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             f"Received: prompt.shape={shape}, max_length={max_length}")
     temperature = _check_temperature(temperature)
     top_k = check_positive_int("top_k", top_k, allow_none=True)
+    top_p = check_top_p(top_p)
+    if streamer is not None:
+        from keras_attn._streaming import check_streamer
+
+        check_streamer(streamer)
+    sampling = sampling_settings(temperature, top_k, top_p, seed) if temperature > 0 else None
+    return generate_checked(next_token_fn, ops.cast(prompt, "int32"), max_length, cache,
+                            end_token_id=end_token_id, sampling=sampling,
+                            recompute_cache_at=recompute_cache_at, streamer=streamer,
+                            prompt_lengths=prompt_lengths, prefill_length=prefill_length)
+
+
+def generate_checked(next_token_fn, prompt, max_length, cache, *, end_token_id, sampling,
+                     recompute_cache_at=None, streamer=None, prompt_lengths=None,
+                     prefill_length=None):
+    """`generate` on an int32 prompt of a checked shape, with `sampling` None (greedy) or
+    `keras_attn._sampling.sampling_settings`'s dict, whose values may be tensors (the
+    inputs of `CausalLM.generate`'s kept loop)."""
+    batch, prompt_length = static_shape(prompt)
     stops = _stop_token_ids(end_token_id)  # a tuple of Python ints, () for None
-    prompt = ops.cast(prompt, "int32")
     recompute = _recompute_lengths(recompute_cache_at)
     if prompt_lengths is not None:
         if recompute:
             raise ValueError("`prompt_lengths` (a padded prompt) cannot be combined with "
                              f"`recompute_cache_at`. Received: recompute_cache_at={recompute}")
+        if streamer is not None:
+            raise ValueError("`streamer` streams one prompt length: it cannot be combined "
+                             "with `prompt_lengths` (a padded prompt). Received: "
+                             "streamer and prompt_lengths both set")
         prompt_lengths = ops.cast(ops.convert_to_tensor(prompt_lengths), "int32")
         if static_shape(prompt_lengths) != (batch,):
             raise ValueError(f"`prompt_lengths` must be int (B,) = ({batch},). Received: "
@@ -184,10 +220,16 @@ def generate(next_token_fn: Callable[[Tensor, Any, Tensor], tuple[Tensor, Any]],
             isinstance(prefill_length, numbers.Integral) and 0 < prefill_length <= prompt_length)):
         raise ValueError("`prefill_length` must be None or, with `prompt_lengths`, an int in "
                          f"[1, P]. Received: prefill_length={prefill_length!r}")
-    tokens = _generate(next_token_fn, prompt, max_length, cache, stops=stops,
-                       end_token_id=end_token_id, temperature=temperature, top_k=top_k, seed=seed,
-                       recompute=recompute, prompt_lengths=prompt_lengths,
-                       prefill_length=prefill_length)
+    if streamer is not None:
+        from keras_attn._streaming import stream_tokens
+
+        tokens = stream_tokens(next_token_fn, prompt, max_length, cache, stops=stops,
+                               end_token_id=end_token_id, sampling=sampling,
+                               recompute=recompute, streamer=streamer)
+    else:
+        tokens = _generate(next_token_fn, prompt, max_length, cache, stops=stops,
+                           end_token_id=end_token_id, sampling=sampling, recompute=recompute,
+                           prompt_lengths=prompt_lengths, prefill_length=prefill_length)
     check_generated(tokens, max_length)
     return tokens
 
@@ -217,8 +259,8 @@ def _recompute_lengths(value):
     return tuple(sorted({int(v) for v in values}))
 
 
-def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, temperature,
-              top_k, seed, recompute=(), prompt_lengths=None, prefill_length=None):
+def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, sampling,
+              recompute=(), prompt_lengths=None, prefill_length=None):
     """The prefill and the decoding loop, on checked arguments.
 
     With `prompt_lengths` (a right-padded prompt), `start` (the first position decoded) is
@@ -244,39 +286,8 @@ def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, 
     # whose rows start at different positions).
     offset = 1 if padded else prompt_length
     vocabulary = static_shape(logits)[-1]
-    if vocabulary is not None and any(stop >= vocabulary for stop in stops):
-        raise ValueError(
-            f"`end_token_id` must hold token ids < V = {vocabulary} (the last axis of "
-            f"the logits). Received: end_token_id={_describe(end_token_id)}")
-    noise = None
-    if temperature > 0:
-        # One (B, V) slab of Gumbel noise per generated token: (L - P, B, V).
-        if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
-            # Keras's seeds are uint32: its int32-seeded backends (TensorFlow, PyTorch) take
-            # an int modulo 2**32, its uint32 ones (JAX, NumPy) raise OverflowError for a
-            # negative one or one >= 2**32. Modulo 2**32 everywhere: any int on every
-            # backend, the same draws as before on TensorFlow and PyTorch.
-            seed = int(seed) % 2**32
-        uniform = keras.random.uniform((max_length - offset, batch, vocabulary),
-                                       minval=1e-7, maxval=1.0, seed=seed)
-        noise = -ops.log(-ops.log(uniform))
-
-    def choose(logits, step):
-        """The next token `(B,)` from the last logits `(B, V)`; `step` counts from 0.
-
-        A row whose logits are not all finite gets -1: no id, visibly (see above).
-        """
-        logits = ops.cast(logits, "float32")
-        finite = ops.all(ops.isfinite(logits), axis=-1)  # (B,)
-        if noise is None:
-            chosen = ops.argmax(logits, axis=-1)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = ops.top_k(logits, min(top_k, vocabulary))[0][:, -1:]  # (B, 1)
-                logits = ops.where(logits < kth, float("-inf"), logits)
-            chosen = ops.argmax(logits + ops.take(noise, step, axis=0), axis=-1)
-        return ops.where(finite, ops.cast(chosen, "int32"), -1)
+    check_stops_fit(stops, vocabulary, end_token_id)
+    choose = make_chooser(sampling, max_length - offset, batch, vocabulary)
 
     fill = stops[0] if stops else 0
     tokens = ops.full((batch, max_length), fill, dtype="int32")
@@ -349,6 +360,14 @@ def _generate(next_token_fn, prompt, max_length, cache, *, stops, end_token_id, 
     return tokens
 
 
+def check_stops_fit(stops, vocabulary, end_token_id):
+    """Every stop token is an id < V, once the prefill's logits tell V."""
+    if vocabulary is not None and any(stop >= vocabulary for stop in stops):
+        raise ValueError(
+            f"`end_token_id` must hold token ids < V = {vocabulary} (the last axis of "
+            f"the logits). Received: end_token_id={_describe(end_token_id)}")
+
+
 def check_capacity(given, returned, max_length):
     """Every cache that a decoding step writes must hold positions 0 .. L - 2.
 
@@ -405,16 +424,6 @@ def _finish(chosen, done, stops, active=None):
     if active is not None:
         hit = ops.logical_and(hit, active)
     return chosen, ops.logical_or(done, hit)
-
-
-def _check_temperature(temperature):
-    """A finite number >= 0 (Python or NumPy, not a bool), as a Python float."""
-    if (isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real)
-            or not (np.isfinite(temperature) and temperature >= 0)):
-        raise ValueError(
-            "`temperature` must be a finite number >= 0 (0 for greedy decoding). "
-            f"Received: temperature={temperature!r}")
-    return float(temperature)
 
 
 _END_TOKEN_RULE = (

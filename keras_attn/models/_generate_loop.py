@@ -1,6 +1,7 @@
 """`CausalLM.generate`'s compiled loop: a Keras model per setting, kept on the model, and
 the traced decoding step (PyTorch), reached through the "trace_step" hook."""
 
+import collections
 import functools
 import numbers
 import threading
@@ -9,10 +10,16 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn import _hooks
+from keras_attn import _device, _hooks
+from keras_attn._sampling import check_temperature, check_top_p, sampling_settings
+from keras_attn._streaming import check_streamer
 from keras_attn._validation import check_positive_int, concrete_value
 from keras_attn.cache import empty_cache
-from keras_attn.generation import _check_temperature, _stop_token_ids, check_generated
+from keras_attn.generation import (
+    _stop_token_ids,
+    check_generated,
+    generate_checked,
+)
 from keras_attn.generation import generate as generate_tokens
 from keras_attn.models import _padding
 from keras_attn.models._checks import _check_token_ids
@@ -30,6 +37,11 @@ _PLAIN = (bool, int, float, str, type(None))
 _TRAINING_ATTRIBUTES = frozenset({
     "compiled", "stop_training", "train_function", "test_function", "predict_function",
     "steps_per_execution", "jit_compile", "run_eagerly", "optimizer", "loss", "history"})
+# A sampling loop's inputs besides the prompt (`_GenerateLoop`), and how many loops a model
+# keeps (the least recently used goes first): one per prompt shape, max_length, stop
+# tokens, greedy or sampled, jit_compile and traced step.
+_SAMPLING_INPUTS = ("seed", "temperature", "top_k", "top_p_cut")
+MAX_KEPT_LOOPS = 8
 
 
 def cache_recompute_lengths(lm):
@@ -66,7 +78,7 @@ def _empty_caches(lm, batch, max_length):
 class _GenerateLoop(keras.Model):
     """`CausalLM.generate` as a Keras model, so that Keras compiles it.
 
-    `predict_on_batch(prompt_ids)` runs the prefill and the whole decoding
+    `predict_on_batch(inputs)` runs the prefill and the whole decoding
     loop inside Keras's predict function: `jax.jit` with the weights as state
     on JAX, `tf.function` (with XLA when `jit_compile`) on TensorFlow,
     `torch.compile` with `jit_compile=True` on PyTorch (else eager, without
@@ -74,11 +86,21 @@ class _GenerateLoop(keras.Model):
     so a second `generate` of the same shape compiles nothing (without it,
     JAX traced and compiled the loop at every call: 1.9 s for 16 tokens of a
     2-layer model, against 5 ms for keras-hub's cached function).
+
+    `inputs` is a dict: `"prompt_ids"` int32 `(B, P)` and, for a sampling loop
+    (`sampled`), the settings as tensors, so that another seed, temperature,
+    top_k or top_p reuses the compiled loop: `"seed"` int32 `(2,)`
+    (`keras_attn._sampling.seed_pair`), `"temperature"` float32 `()`,
+    `"top_k"` int32 `()` (0: none), `"top_p_cut"` float32 `()` (`1 - top_p`, 0:
+    none; computed in float64 as transformers does).
     """
 
-    def __init__(self, lm, max_length, options, jit_compile, step=None, prefill_length=None):
+    def __init__(self, lm, max_length, end_token_id, sampled, jit_compile, step=None,
+                 prefill_length=None):
         super().__init__(name=f"{lm.name}_generate")
-        self.lm, self.max_length, self.options = lm, max_length, options
+        self.lm, self.max_length = lm, max_length
+        self.end_token_id, self.sampled = end_token_id, sampled
+        self.options = {"end_token_id": end_token_id, "sampled": sampled}
         self.prefill_length = prefill_length  # a padded prompt's, for recurrent states
         self.jit_compile = jit_compile
         self.step = step  # the traced decoding step (PyTorch, "auto"), or None
@@ -86,28 +108,37 @@ class _GenerateLoop(keras.Model):
         self.built = True  # the weights are the (built) lm's
 
     def call(self, inputs):
-        """`inputs`: `{"prompt_ids": (B, P)}`, and `"prompt_lengths": (B,)` for a
-        right-padded prompt (`keras_attn.generation.generate`'s `prompt_lengths`)."""
+        """`inputs`: `{"prompt_ids": (B, P)}`, `"prompt_lengths": (B,)` for a right-padded
+        prompt (`keras_attn.generation.generate`'s `prompt_lengths`), and the sampling
+        settings of a sampling loop (above)."""
         self.traces += 1
         prompt_ids = inputs["prompt_ids"]
-        batch = prompt_ids.shape[0]
-        caches = _empty_caches(self.lm, batch, self.max_length)
-        step = self.lm.next_token_logits
-        if self.step is not None:
-            self.step.follow(self.lm.variables)  # once per call: the weights may have changed
-            step = self._prefill_eagerly_then(self.step)
-        return generate_tokens(step, prompt_ids, self.max_length, caches,
-                               recompute_cache_at=cache_recompute_lengths(self.lm),
-                               prompt_lengths=inputs.get("prompt_lengths"),
-                               prefill_length=self.prefill_length, **self.options)
+        sampling = None
+        if self.sampled:
+            sampling = {name: inputs[name] for name in _SAMPLING_INPUTS}
+        caches = _empty_caches(self.lm, prompt_ids.shape[0], self.max_length)
+        return generate_checked(self.decoding_step(), prompt_ids, self.max_length, caches,
+                                end_token_id=self.end_token_id, sampling=sampling,
+                                recompute_cache_at=cache_recompute_lengths(self.lm),
+                                prompt_lengths=inputs.get("prompt_lengths"),
+                                prefill_length=self.prefill_length)
 
-    def _prefill_eagerly_then(self, traced):
-        """The prefill (P tokens, once) eagerly; the decoding steps (1 token) from `traced`."""
-        def step(token_ids, caches, index):
-            if token_ids.shape[1] != 1:
-                return self.lm.next_token_logits(token_ids, caches, index)
-            return traced(token_ids, caches, index)
-        return step
+    def decoding_step(self):
+        """`next_token_fn` for this loop: the model's, or the traced step after an eager
+        prefill."""
+        if self.step is None:
+            return self.lm.next_token_logits
+        self.step.follow(self.lm.variables)  # once per call: the weights may have changed
+        return _prefill_eagerly_then(self.lm, self.step)
+
+
+def _prefill_eagerly_then(lm, traced):
+    """The prefill (P tokens, once) eagerly; the decoding steps (1 token) from `traced`."""
+    def step(token_ids, caches, index):
+        if token_ids.shape[1] != 1:
+            return lm.next_token_logits(token_ids, caches, index)
+        return traced(token_ids, caches, index)
+    return step
 
 
 class _Loops:
@@ -118,7 +149,7 @@ class _Loops:
     `generate` at a time use them (`one_call_at_a_time`)."""
 
     def __init__(self):
-        self.loops = {}
+        self.loops = collections.OrderedDict()
         self.step = None
         self.state = None
         self.lock = threading.RLock()
@@ -220,7 +251,8 @@ def _default_jit_compile():
 @one_call_at_a_time
 def generate_over_kept_loops(lm, prompt_ids, max_length, *, end_token_id, temperature, top_k,
                              seed, jit_compile, padding_mask=None, attention_mask=None,
-                             pad_token_id=None, return_lengths=False):
+                             pad_token_id=None, return_lengths=False, top_p=None,
+                             streamer=None):
     """`CausalLM.generate` (its docstring): the arguments checked, a padded prompt brought to
     right padding (`_padding`), then the loop kept for this prompt shape and these settings
     (made and compiled the first time), or, for a traced prompt, NumPy or unseeded
@@ -243,9 +275,15 @@ def generate_over_kept_loops(lm, prompt_ids, max_length, *, end_token_id, temper
             "recomputes its caches (longrope's cache_recompute_length "
             f"{list(cache_recompute_lengths(lm))}). Received: {name} with lengths "
             f"{lengths.tolist()}")
+    if layout is not None and streamer is not None:
+        raise ValueError(
+            f"`streamer` streams rows of one prompt length: it cannot be combined with "
+            f"`{name}` rows of different lengths. Received: {name} with lengths "
+            f"{lengths.tolist()} and a streamer")
     tokens = _generate_rows(lm, prompt_ids, max_length, layout, lengths,
                             end_token_id=end_token_id, temperature=temperature, top_k=top_k,
-                            seed=seed, jit_compile=jit_compile)
+                            seed=seed, jit_compile=jit_compile, top_p=top_p,
+                            streamer=streamer)
     if layout is None and pad_token_id is None and not return_lengths:
         return tokens  # today's result
     stops = _stop_token_ids(end_token_id)
@@ -259,7 +297,7 @@ def generate_over_kept_loops(lm, prompt_ids, max_length, *, end_token_id, temper
 
 
 def _generate_rows(lm, prompt_ids, max_length, layout, lengths, *, end_token_id, temperature,
-                   top_k, seed, jit_compile):
+                   top_k, seed, jit_compile, top_p, streamer):
     """The generation over right-layout rows: `(B, L)`, row i its prompt at `0 ..
     lengths[i] - 1` (`layout` "left" or "right"; None: no padding), then its tokens."""
     batch, prompt_length = tuple(prompt_ids.shape)
@@ -279,11 +317,16 @@ def _generate_rows(lm, prompt_ids, max_length, layout, lengths, *, end_token_id,
     if jit_compile not in ("auto", True, False):
         raise ValueError(f"`jit_compile` must be 'auto', True or False. Received: "
                          f"jit_compile={jit_compile!r}")
+    temperature = check_temperature(temperature)
+    top_k = check_positive_int("top_k", top_k, allow_none=True)
+    top_p = check_top_p(top_p)
+    check_streamer(streamer)
+    stops = _stop_token_ids(end_token_id)  # checked here, before anything compiles
     forget_if_changed(lm)  # kept loops of a model since changed decode the old one
     # "auto" on a backend with a step tracer (PyTorch): the traced decoding step.
     step = traced_step_of(lm) if jit_compile == "auto" else None
     jit_compile = _default_jit_compile() if jit_compile == "auto" else jit_compile
-    sampling = _check_temperature(temperature) > 0
+    sampled = temperature > 0
     padded = {}
     if layout is not None:
         shifts = np.zeros_like(lengths) if layout == "right" else prompt_length - lengths
@@ -295,32 +338,58 @@ def _generate_rows(lm, prompt_ids, max_length, layout, lengths, *, end_token_id,
         padded = {"prompt_lengths": lengths,
                   "prefill_length": int(lengths.min()) if recurrent else None}
     prompt = concrete_value(prompt_ids)
+    if streamer is not None:
+        return _stream(lm, prompt_ids, max_length, step, streamer=streamer,
+                       end_token_id=end_token_id, temperature=temperature, top_k=top_k,
+                       top_p=top_p, seed=seed)
     if (keras.backend.backend() == "numpy" or prompt is None
-            or (sampling and not isinstance(seed, numbers.Integral))):
+            or (sampled and not isinstance(seed, numbers.Integral))):
         caches = _empty_caches(lm, batch, max_length)
         return generate_tokens(lm.next_token_logits, prompt_ids, max_length, caches,
                                end_token_id=end_token_id, temperature=temperature,
-                               top_k=top_k, seed=seed,
+                               top_k=top_k, seed=seed, top_p=top_p,
                                recompute_cache_at=cache_recompute_lengths(lm), **padded)
-    stops = _stop_token_ids(end_token_id)  # checked here, before anything compiles
-    top_k = check_positive_int("top_k", top_k, allow_none=True)
-    options = {"end_token_id": list(stops) or None, "temperature": float(temperature),
-               "top_k": top_k, "seed": int(seed) if sampling else None}
-    # The prompt's shape is part of the key: a loop traced for one (B, P) and called
-    # with another is retraced by TensorFlow with the batch relaxed to None, which the
-    # caches cannot size (generate on (2, 4) then (1, 4) raised, issue 38).
-    # A padded prompt's loop takes its lengths as an input (one compile per prompt shape),
-    # and, for a recurrent state, its prefill length as a constant.
-    key = (tuple(prompt.shape), max_length, stops, options["temperature"], top_k,
-           options["seed"], bool(jit_compile), step is not None, bool(padded),
-           padded.get("prefill_length"))
-    loops = loops_of(lm)
-    if key not in loops:
-        loops[key] = _GenerateLoop(lm, max_length, options, bool(jit_compile), step,
-                                   padded.get("prefill_length"))
     inputs = {"prompt_ids": np.asarray(prompt, "int32")}
+    if sampled:
+        inputs.update(sampling_settings(temperature, top_k, top_p, seed))
     if padded:
         inputs["prompt_lengths"] = np.asarray(padded["prompt_lengths"], "int32")
+    # The prompt's shape is part of the key: a loop traced for one (B, P) and called
+    # with another is retraced by TensorFlow with the batch relaxed to None, which the
+    # caches cannot size (generate on (2, 4) then (1, 4) raised, issue 38). The sampling
+    # settings are not: they are the loop's inputs. A padded prompt's loop takes its
+    # lengths as an input (one compile per prompt shape), and, for a recurrent state, its
+    # prefill length as a constant.
+    key = (tuple(prompt.shape), max_length, stops, sampled, bool(jit_compile),
+           step is not None, bool(padded), padded.get("prefill_length"))
+    loops = loops_of(lm)
+    if key in loops:
+        loops.move_to_end(key)
+    else:
+        loops[key] = _GenerateLoop(lm, max_length, list(stops) or None, sampled,
+                                   bool(jit_compile), step, padded.get("prefill_length"))
+    while len(loops) > MAX_KEPT_LOOPS:  # the least recently used first
+        loops.popitem(last=False)
     tokens = np.asarray(_predict(loops[key], inputs))
     check_generated(tokens, max_length)  # non-finite logits, once the values are known
     return ops.convert_to_tensor(tokens, "int32")
+
+
+def _stream(lm, prompt_ids, max_length, step, *, streamer, **options):
+    """A streamed generation: the prefill and each step called from Python (generation's
+    `streamer`); on PyTorch the decoding steps are the traced step's where there is one,
+    and everything runs without autograd."""
+    batch = tuple(prompt_ids.shape)[0]
+    next_token_fn = lm.next_token_logits
+    if step is not None:
+        step.follow(lm.variables)
+        next_token_fn = _prefill_eagerly_then(lm, step)
+
+    def run():
+        return generate_tokens(next_token_fn, prompt_ids, max_length,
+                               _empty_caches(lm, batch, max_length), streamer=streamer,
+                               recompute_cache_at=cache_recompute_lengths(lm), **options)
+
+    if keras.backend.backend() == "torch":
+        run = _device.compile_inference(run)  # under torch.no_grad(), nothing compiled
+    return run()

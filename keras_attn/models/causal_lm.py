@@ -383,12 +383,14 @@ class CausalLM(keras.Model):
     def generate(self, prompt_ids, max_length: int, *, end_token_id=None,
                  temperature: float = 0.0, top_k: int | None = None, seed=None,
                  jit_compile="auto", padding_mask=None, attention_mask=None,
-                 pad_token_id: int | None = None, return_lengths: bool = False):
+                 pad_token_id: int | None = None, return_lengths: bool = False,
+                 top_p: float | None = None, streamer=None):
         """Extend `prompt_ids` `(B, P)` to `(B, L)` tokens, greedy by default.
 
         A prefill over the prompt, then one cached step per token inside
         `keras.ops.while_loop` (`keras_attn.generation.generate`, which
-        documents `end_token_id`, `temperature`, `top_k` and `seed`), over
+        documents `end_token_id`, `temperature`, `top_k`, `top_p`, `seed` and
+        `streamer`), over
         one key/value cache of L slots per block.
 
         RoPE whose frequencies switch with the positions (longrope: past
@@ -415,9 +417,11 @@ class CausalLM(keras.Model):
         traced prompt (inside the caller's `jax.jit` or `tf.function`), or
         sampling with a `keras.random.SeedGenerator` or without a seed,
         runs the loop as it is, in the caller's context. An int `seed`
-        samples the same tokens at every call; on TensorFlow, which ones
-        depends on XLA (its stateless random kernels differ with and
-        without it).
+        samples the same tokens at every call, on every backend. The
+        sampling settings are the kept loop's inputs: a new seed compiles
+        nothing; at most 8 loops are kept (least recently used dropped). A
+        `streamer` runs the steps from Python (PyTorch: the traced step;
+        JAX, TensorFlow: eagerly, slower), the same tokens.
 
         Padded batches (`padding_mask`; docs/guides/cache.md): each row is
         decoded as if alone (rolled to right padding, fed its own prompt
@@ -446,6 +450,8 @@ class CausalLM(keras.Model):
                 row's stop token (None: the first stop id, as without it).
             return_lengths: also return each row's real tokens (prompt and
                 generated, the stop token included).
+            top_p: None, or with sampling the nucleus mass, in (0, 1].
+            streamer: None, or an object with `put(value)` and `end()`.
 
         Returns:
             int32 `(B, L)`: the prompt, then the generated tokens (in the
@@ -469,7 +475,8 @@ class CausalLM(keras.Model):
                                         jit_compile=jit_compile, padding_mask=padding_mask,
                                         attention_mask=attention_mask,
                                         pad_token_id=pad_token_id,
-                                        return_lengths=return_lengths)
+                                        return_lengths=return_lengths, top_p=top_p,
+                                        streamer=streamer)
 
     def save(self, filepath, *args, **kwargs):
         """`keras.Model.save`, refusing a quantized model before a file is written
