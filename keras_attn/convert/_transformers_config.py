@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from keras_attn.convert._transformers4_fields import IGNORED_4, NEUTRAL_4
 from keras_attn.rope import RopeSpec
 
 __all__ = ["LayerSpec", "ModelSpec", "family_table", "read_config"]
@@ -43,10 +44,12 @@ IGNORED = {
     "tie_encoder_decoder": "encoder-decoder models only",
     "max_position_embeddings": "the positions are not limited (yarn's default "
                                "original_max_position_embeddings reads it)",
+    # transformers 4's PretrainedConfig fields (`_transformers4_fields`): 4.x configs too.
+    **IGNORED_4,
 }
 NEUTRAL_ALL = {"is_encoder_decoder": (False, None), "add_cross_attention": (False, None),
                "pruned_heads": ({}, None), "quantization_config": (None,),
-               "partial_rotary_factor": (1.0, None)}
+               "partial_rotary_factor": (1.0, None), **NEUTRAL_4}
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
                "gelu_pytorch_tanh": "gelu_approximate", "gelu_new": "gelu_approximate"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
