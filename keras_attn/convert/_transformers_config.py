@@ -31,7 +31,8 @@ __all__ = ["LayerSpec", "ModelSpec", "family_table", "read_config"]
 # Keys of every `PretrainedConfig` (and of config.json files) that do not change the logits.
 IGNORED = {
     "_name_or_path": "metadata", "transformers_version": "metadata",
-    "architectures": "metadata (the class names)", "model_type": "read to choose the family",
+    "architectures": "the class names: cross-checked against `model_type` "
+                     "(`families.check_architectures`)", "model_type": "read to choose the family",
     "dtype": "the Keras model's dtype policy decides", "torch_dtype": "as `dtype`",
     "id2label": "labels of classification heads", "label2id": "as `id2label`",
     "problem_type": "loss of classification heads", "output_attentions": "what is returned",
@@ -240,11 +241,13 @@ def read_config(config):
     """The `ModelSpec` of a transformers config or dict; a `ValueError` for what is refused.
 
     The family module registered for `config["model_type"]`
-    (`keras_attn.convert.families`) checks every field and reads the spec.
+    (`keras_attn.convert.families`) checks every field and reads the spec; a config whose
+    `architectures` names another family's class is refused, naming both fields.
     """
     from keras_attn.convert import families  # the registry imports the modules it lists
 
     config = _as_dict(config)
     module = families.family(config.get("model_type"))
+    families.check_architectures(config, module)  # `architectures` of another family: refused
     check_fields(config, module.MODEL_TYPE, module.FIELDS)
     return module.spec(config)

@@ -379,3 +379,21 @@ def test_gelu_approximate_serialises_by_name():
     expected = torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh").numpy()
     np.testing.assert_allclose(keras.ops.convert_to_numpy(gelu_approximate(x)), expected,
                                atol=1e-6)
+
+
+def test_family_architectures_are_transformers_class_names():
+    """Each family's ARCHITECTURES are the installed transformers' `*ForCausalLM` and
+    `*Model` classes of its model_type (the families it has)."""
+    from transformers.models.auto import modeling_auto
+
+    from keras_attn.convert import families
+
+    checked = 0
+    for model_type in families.model_types():
+        causal = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+        if causal is None:  # a family added after the installed transformers
+            continue
+        expected = (causal, modeling_auto.MODEL_MAPPING_NAMES[model_type])
+        assert families.family(model_type).ARCHITECTURES == expected, model_type
+        checked += 1
+    assert checked >= 10, checked

@@ -11,6 +11,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _number
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "gemma2"
+ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma2Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("rms_norm_eps", "hidden_activation", "attention_bias",
                                    "query_pre_attn_scalar", "attn_logit_softcapping",
