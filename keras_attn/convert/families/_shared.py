@@ -24,7 +24,8 @@ from keras_attn.convert._transformers_config import (
 __all__ = ["HYBRID_LAYER_TYPES", "LINEAR_FIELDS", "ROUTER_TRAINING_FIELDS",
            "check_rotary_width", "checked_layer_types", "core", "every_nth_full",
            "gated_deltanet_arguments", "hybrid_layer_types", "join_query_gate", "layer_specs",
-           "layer_types", "refuse", "rope_of", "sliding_windows", "split_gate_up",
+           "layer_types", "refuse", "refuse_changed_defaults", "rope_of", "sliding_windows",
+           "split_gate_up",
            "split_query_gate", "window_of", "windows_from_max_window_layers"]
 
 refuse = _refuse
@@ -68,6 +69,22 @@ def core(config, *, activation_field="hidden_act", default_activation="silu",
         epsilon=_number(config, epsilon_field, default_epsilon),
         attention_dropout=_number(config, "attention_dropout", 0.0, positive=False),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", tie_default)))
+
+
+def refuse_changed_defaults(config, defaults_4):
+    """Refuse, naming it, a field of `defaults_4` (`{field: transformers 4.45's default}`, where
+    the family's 4.x default differs from 5.x's) that a config written by transformers 4
+    (`transformers_version` "4.*") leaves out: `save_pretrained` leaves out the fields equal
+    to the writing version's defaults, so the value meant is 4.x's, which 5.x (and
+    keras_attn) would not take."""
+    version = config.get("transformers_version")
+    if not (isinstance(version, str) and version.startswith("4.")):
+        return
+    for field, default in defaults_4.items():
+        if field not in config:
+            _refuse(field, None, f"left out of a config written by transformers {version}, "
+                    f"whose default ({default!r} in 4.45) differs from transformers 5's: give "
+                    "it in the config")
 
 
 def rope_of(config, *, partial_rotary=False, longrope=False, default_theta=10000.0):
