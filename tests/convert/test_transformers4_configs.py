@@ -59,3 +59,19 @@ def test_a_field_whose_default_changed_left_out_of_a_4x_config_is_refused(field)
     # Without a 4.x transformers_version: transformers 5's default, as before.
     del config["transformers_version"]
     assert read_config(config).family == "gemma2"
+
+
+def test_rope_parameters_in_a_4x_config_are_refused_not_read():
+    """transformers 4.45 stores a `rope_parameters` it was given and reads rope_theta /
+    rope_scaling (None): its model has no llama3 scaling, so reading rope_parameters
+    would convert another model (the README's block under 4.45)."""
+    llama3 = {"rope_type": "llama3", "rope_theta": V4["llama"]["rope_theta"], "factor": 8.0,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 16}
+    config = {**V4["llama"], "rope_scaling": None, "rope_parameters": llama3}
+    with pytest.raises(ValueError, match=r"`rope_parameters`.*rope_scaling=None"):
+        read_config(config)
+    # The default RoPE at the same base is what 4.45's model computes: read.
+    plain = {"rope_type": "default", "rope_theta": V4["llama"]["rope_theta"]}
+    assert read_config({**config, "rope_parameters": plain}).layers[0].attention[
+        "rope_type"] == "default"

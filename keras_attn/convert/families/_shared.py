@@ -102,6 +102,15 @@ def rope_of(config, *, partial_rotary=False, longrope=False, default_theta=10000
     if params is not None and config.get("rope_scaling") is not None:
         _refuse("rope_scaling", config["rope_scaling"],
                 "give either `rope_parameters` or the older `rope_scaling`, not both")
+    if isinstance(params, Mapping) and "rope_scaling" in config and (
+            params.get("rope_type", params.get("type", "default")) != "default"
+            or set(params) - {"rope_type", "type", "rope_theta"}):
+        # Only transformers 4 writes `rope_scaling` (None here): its model reads rope_theta
+        # and rope_scaling, and a `rope_parameters` given to a 4.x config is stored unread.
+        _refuse("rope_parameters", params,
+                "the config also has rope_scaling=None, as transformers 4 writes it, whose "
+                "model reads rope_theta and rope_scaling and ignores rope_parameters; give "
+                "the RoPE scaling as rope_scaling there")
     if params is None:
         params = {"rope_theta": config.get("rope_theta", default_theta),
                   **dict(config.get("rope_scaling") or {})}
