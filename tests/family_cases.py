@@ -448,7 +448,7 @@ def _eager_attention_slides(name):
                for part in parts)
 
 
-def _as_transformers_4(kwargs):
+def as_transformers_4(kwargs):
     """Case kwargs as transformers 4 takes them: RoPE's as `rope_theta` and `rope_scaling`
     (5 took one `rope_parameters`; Phi-3's longrope under `type`, as 4.45 reads it)."""
     kwargs = dict(kwargs)
@@ -473,7 +473,7 @@ def hf_config(name, small=False, **overrides):
 
     kwargs = {**config_kwargs(name, small), **overrides}
     if transformers_4():
-        translated = _as_transformers_4(kwargs)
+        translated = as_transformers_4(kwargs)
         reason = (f"transformers {transformers.__version__} has no form of the case's "
                   "per-layer-type rope_parameters" if translated is None
                   else _installed_transformers_lacks(name, translated))

@@ -272,7 +272,11 @@ REFUSED = [
 @pytest.mark.parametrize("name, changes, field", REFUSED,
                          ids=[f"{n}-{f}" for n, _, f in REFUSED])
 def test_refused_fields(name, changes, field):
-    config = {**_hf_config(name), **changes}
+    config = _hf_config(name)
+    if "rope_scaling" in config:  # a transformers 4 config: the RoPE under 4.x's names
+        changes = fc.as_transformers_4(changes)
+        field = field.replace("rope_parameters", "rope_scaling")
+    config = {**config, **changes}
     with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
         convert.causal_lm_from_transformers(config, {})
 
