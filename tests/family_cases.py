@@ -487,6 +487,20 @@ def hf_config(name, small=False, **overrides):
     return getattr(transformers, CASES[name][0])(**kwargs)
 
 
+def skip_without(class_name):
+    """`pytest.skip`, naming the installed transformers, when it has no `class_name` (a
+    family added later); the class otherwise."""
+    import transformers
+
+    cls = getattr(transformers, class_name, None)
+    if cls is None:
+        import pytest
+
+        pytest.skip(f"transformers {transformers.__version__} has no {class_name} (the "
+                    "family came later)")
+    return cls
+
+
 def transformers_4():
     """Whether the installed transformers is a 4.x (4.45 or later; imported only here, by
     the tests that build transformers models)."""
