@@ -12,6 +12,9 @@ weights and biases are far from 1 and 0. float32, eager attention.
 
 import numpy as np
 
+from . import transformers_versions as tv
+from .transformers_versions import as_transformers_4, skip_without  # noqa: F401 (the tests')
+
 V, D, H, H_KV, F = 128, 64, 4, 2, 96
 B, T, NEW = 2, 24, 16  # the logits over T tokens; 16 greedy tokens after a prompt of P
 P = 8
@@ -391,122 +394,26 @@ def relative_error(actual, expected):
     return float(np.abs(actual - expected).max() / np.abs(expected).max())
 
 
-def _installed_transformers_lacks(name, kwargs):
-    """Why the installed transformers cannot build case `name` (its config class or a
-    field the case sets is missing: a family or an option added after that version), or
-    None."""
-    import inspect
-
-    import transformers
-
-    config_class = CASES[name][0]
-    where = f"transformers {transformers.__version__}"
-    cls = getattr(transformers, config_class, None)
-    if cls is None:
-        return f"{where} has no {config_class} (the family came later)"
-    if transformers_4():
-        # A field the class neither takes nor maps would be stored and not read (silently),
-        # unless it holds what the class derives anyway (Phi-3's head_dim = D / H in 4.45).
-        accepted = (set(inspect.signature(cls.__init__).parameters)
-                    | set(getattr(cls, "attribute_map", {}))
-                    | set(transformers.PretrainedConfig().to_dict()))
-        derived = {"head_dim": kwargs["hidden_size"] // kwargs["num_attention_heads"]}
-        missing = sorted(k for k in set(kwargs) - accepted - set(_COMMON)
-                         if k not in derived or kwargs[k] != derived[k])
-        if missing:
-            return f"{where}'s {config_class} has no {', '.join(missing)}"
-        if kwargs.get("sliding_window") is not None and not _eager_attention_slides(name):
-            return (f"{where}'s eager {config_class[:-6]} attention ignores sliding_window "
-                    "(only its flash-attention path slides)")
-        rope = kwargs.get("rope_scaling") or {}
-        source = inspect.getsource(transformers.modeling_rope_utils._compute_yarn_parameters)
-        if rope.get("rope_type") == "yarn" and "original_max_position_embeddings" in rope and (
-                "original_max_position_embeddings" not in source):
-            return (f"{where}'s yarn takes max_position_embeddings as the original length "
-                    "and ignores rope_scaling['original_max_position_embeddings'], which "
-                    "transformers 5 (and keras_attn) read")
-    return None
-
-
-def _eager_attention_slides(name):
-    """Whether the installed transformers 4.x applies the window of case `name`'s family in
-    eager attention: its causal mask (`<Family>Model._update_causal_mask`) or its attention
-    (`<Family>Attention.forward`) reads `sliding_window` (4.45: Mistral's mask and Gemma 2's
-    attention do; Qwen 2's, Phi-3's, Starcoder 2's and Mixtral's slide under flash
-    attention only)."""
-    import importlib
-    import inspect
-
-    import transformers
-
-    prefix = CASES[name][0][:-len("Config")]
-    model_type = getattr(transformers, CASES[name][0]).model_type
-    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-    parts = [getattr(getattr(module, prefix + "Model", None), "_update_causal_mask", None),
-             getattr(getattr(module, prefix + "Attention", None), "forward", None)]
-    return any(part is not None and "sliding_window" in inspect.getsource(part)
-               for part in parts)
-
-
-def as_transformers_4(kwargs):
-    """Case kwargs as transformers 4 takes them: RoPE's as `rope_theta` and `rope_scaling`
-    (5 took one `rope_parameters`; Phi-3's longrope under `type`, as 4.45 reads it)."""
-    kwargs = dict(kwargs)
-    params = kwargs.pop("rope_parameters", None)
-    if params is not None:
-        params = dict(params)
-        if "rope_theta" not in params:  # per layer type (Gemma 3, OLMo 3): no 4.x form
-            return None
-        kwargs["rope_theta"] = params.pop("rope_theta")
-        kind = params.pop("rope_type", "default")
-        if kind != "default" or params:
-            kwargs["rope_scaling"] = {"type" if kind == "longrope" else "rope_type": kind,
-                                      **params}
-    return kwargs
-
-
 def hf_config(name, small=False, **overrides):
     """The installed transformers' config of case `name` (its kwargs updated with
     `overrides`, in transformers 4's names there); `pytest.skip` with the reason when that
-    version cannot build it (`_installed_transformers_lacks`)."""
+    version cannot build it (`transformers_versions.installed_transformers_lacks`)."""
     import transformers
 
     kwargs = {**config_kwargs(name, small), **overrides}
-    if transformers_4():
-        translated = as_transformers_4(kwargs)
+    if tv.transformers_4():
+        translated = tv.as_transformers_4(kwargs)
         reason = (f"transformers {transformers.__version__} has no form of the case's "
                   "per-layer-type rope_parameters" if translated is None
-                  else _installed_transformers_lacks(name, translated))
+                  else tv.installed_transformers_lacks(CASES[name][0], translated, _COMMON))
         kwargs = translated
     else:
-        reason = _installed_transformers_lacks(name, kwargs)
+        reason = tv.installed_transformers_lacks(CASES[name][0], kwargs, _COMMON)
     if reason is not None:
         import pytest
 
         pytest.skip(reason)
     return getattr(transformers, CASES[name][0])(**kwargs)
-
-
-def skip_without(class_name):
-    """`pytest.skip`, naming the installed transformers, when it has no `class_name` (a
-    family added later); the class otherwise."""
-    import transformers
-
-    cls = getattr(transformers, class_name, None)
-    if cls is None:
-        import pytest
-
-        pytest.skip(f"transformers {transformers.__version__} has no {class_name} (the "
-                    "family came later)")
-    return cls
-
-
-def transformers_4():
-    """Whether the installed transformers is a 4.x (4.45 or later; imported only here, by
-    the tests that build transformers models)."""
-    import transformers
-
-    return int(transformers.__version__.split(".")[0]) < 5
 
 
 def build_hf(name, small=False, **overrides):
