@@ -12,6 +12,9 @@ weights and biases are far from 1 and 0. float32, eager attention.
 
 import numpy as np
 
+from . import transformers_versions as tv
+from .transformers_versions import as_transformers_4, skip_without  # noqa: F401 (the tests')
+
 V, D, H, H_KV, F = 128, 64, 4, 2, 96
 B, T, NEW = 2, 24, 16  # the logits over T tokens; 16 greedy tokens after a prompt of P
 P = 8
@@ -428,14 +431,37 @@ def relative_error(actual, expected):
     return float(np.abs(actual - expected).max() / np.abs(expected).max())
 
 
+def hf_config(name, small=False, **overrides):
+    """The installed transformers' config of case `name` (its kwargs updated with
+    `overrides`, in transformers 4's names there); `pytest.skip` with the reason when that
+    version cannot build it (`transformers_versions.installed_transformers_lacks`)."""
+    import transformers
+
+    kwargs = {**config_kwargs(name, small), **overrides}
+    if tv.transformers_4():
+        translated = tv.as_transformers_4(kwargs)
+        reason = (f"transformers {transformers.__version__} has no form of the case's "
+                  "per-layer-type rope_parameters" if translated is None
+                  else tv.installed_transformers_lacks(CASES[name][0], translated, _COMMON))
+        kwargs = translated
+    else:
+        reason = tv.installed_transformers_lacks(CASES[name][0], kwargs, _COMMON)
+    if reason is not None:
+        import pytest
+
+        pytest.skip(reason)
+    return getattr(transformers, CASES[name][0])(**kwargs)
+
+
 def build_hf(name, small=False, **overrides):
     """The transformers `*ForCausalLM` of case `name` (its config kwargs updated with
-    `overrides`), with its random weights (torch only)."""
+    `overrides`), with its random weights (torch only); skipped where the installed
+    transformers cannot build it (`hf_config`)."""
     import torch
     import transformers
 
-    config_class, _, seed, _ = CASES[name]
-    config = getattr(transformers, config_class)(**{**config_kwargs(name, small), **overrides})
+    _, _, seed, _ = CASES[name]
+    config = hf_config(name, small, **overrides)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")

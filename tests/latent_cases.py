@@ -8,6 +8,8 @@ the tolerance are plain.
 
 import numpy as np
 
+from .family_cases import skip_without  # noqa: F401 (the tests' guard, re-exported)
+
 TOLERANCE = 1e-4  # max |keras - hf| / max |hf|, float32
 B, T, D = 2, 9, 32
 YARN = {"rope_type": "yarn", "rope_theta": 100.0, "factor": 8.0,
@@ -39,8 +41,11 @@ def build_hf(name, seed=0):
     """`(config, DeepseekV3Attention)` with random weights far from identity (std 0.35;
     the RMSNorm weights 1 + N(0, 0.35)), float32, eager attention."""
     import torch
-    from transformers import DeepseekV3Config
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+
+    DeepseekV3Config = skip_without("DeepseekV3Config")  # noqa: N806 (the class)
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (  # noqa: E402
+        DeepseekV3Attention,
+    )
 
     torch.manual_seed(seed)
     config = DeepseekV3Config(**config_dict(name))

@@ -68,6 +68,20 @@ def test_min_deps_installs_exactly_the_declared_floors():
     assert pins["jaxlib"] == pins["jax"], "jaxlib must match jax"
 
 
+def test_transformers_oldest_pins_the_floor_the_torch_environment_allows():
+    """tox's `transformers-oldest` runs the converter tests at the lowest transformers the
+    `torch` environment accepts (its `transformers>=X.Y` floor), with torch's pin, in CI's
+    env_list."""
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "tox.ini")
+    floor = re.search(r"torch: transformers>=([0-9.]+)", config["testenv"]["deps"]).group(1)
+    deps = config["testenv:transformers-oldest"]["deps"].split("\n")
+    pins = dict(d.strip().split("==") for d in deps if "==" in d)
+    assert pins["transformers"].split(".")[:2] == floor.split(".")[:2], (pins, floor)
+    assert "torch: torch==" + pins["torch"] in config["testenv"]["deps"]
+    assert "transformers-oldest" in config["tox"]["env_list"]
+
+
 def test_the_version_has_one_source():
     meta = _pyproject()
     assert "version" not in meta["project"] and meta["project"]["dynamic"] == ["version"]

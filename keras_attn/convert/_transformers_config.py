@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from keras_attn.convert._transformers4_fields import IGNORED_4, NEUTRAL_4
 from keras_attn.rope import RopeSpec
 
 __all__ = ["LayerSpec", "ModelSpec", "family_table", "read_config"]
@@ -30,7 +31,8 @@ __all__ = ["LayerSpec", "ModelSpec", "family_table", "read_config"]
 # Keys of every `PretrainedConfig` (and of config.json files) that do not change the logits.
 IGNORED = {
     "_name_or_path": "metadata", "transformers_version": "metadata",
-    "architectures": "metadata (the class names)", "model_type": "read to choose the family",
+    "architectures": "the class names: cross-checked against `model_type` "
+                     "(`families.check_architectures`)", "model_type": "read to choose the family",
     "dtype": "the Keras model's dtype policy decides", "torch_dtype": "as `dtype`",
     "id2label": "labels of classification heads", "label2id": "as `id2label`",
     "problem_type": "loss of classification heads", "output_attentions": "what is returned",
@@ -43,10 +45,12 @@ IGNORED = {
     "tie_encoder_decoder": "encoder-decoder models only",
     "max_position_embeddings": "the positions are not limited (yarn's default "
                                "original_max_position_embeddings reads it)",
+    # transformers 4's PretrainedConfig fields (`_transformers4_fields`): 4.x configs too.
+    **IGNORED_4,
 }
 NEUTRAL_ALL = {"is_encoder_decoder": (False, None), "add_cross_attention": (False, None),
                "pruned_heads": ({}, None), "quantization_config": (None,),
-               "partial_rotary_factor": (1.0, None)}
+               "partial_rotary_factor": (1.0, None), **NEUTRAL_4}
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu",
                "gelu_pytorch_tanh": "gelu_approximate", "gelu_new": "gelu_approximate"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -243,11 +247,13 @@ def read_config(config):
     """The `ModelSpec` of a transformers config or dict; a `ValueError` for what is refused.
 
     The family module registered for `config["model_type"]`
-    (`keras_attn.convert.families`) checks every field and reads the spec.
+    (`keras_attn.convert.families`) checks every field and reads the spec; a config whose
+    `architectures` names another family's class is refused, naming both fields.
     """
     from keras_attn.convert import families  # the registry imports the modules it lists
 
     config = _as_dict(config)
     module = families.family(config.get("model_type"))
+    families.check_architectures(config, module)  # `architectures` of another family: refused
     check_fields(config, module.MODEL_TYPE, module.FIELDS)
     return module.spec(config)

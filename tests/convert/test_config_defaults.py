@@ -48,6 +48,9 @@ def _variants(full):
 @pytest.mark.parametrize("model_type", model_types())
 def test_a_field_left_out_reads_as_transformers_default(model_type):
     transformers.logging.set_verbosity_error()
+    if model_type not in transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type!r} config "
+                    "(the family came later)")
     cls = type(transformers.AutoConfig.for_model(model_type))
     full = {**cls().to_dict(), "model_type": model_type}
     compared, wrong = 0, []

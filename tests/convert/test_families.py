@@ -162,9 +162,7 @@ def test_keras_round_trip(converted, tmp_path, name):
 
 
 def _hf_config(name):
-    config_class = fc.CASES[name][0]
-    config = getattr(transformers, config_class)(**fc.config_kwargs(name))
-    return json.loads(config.to_json_string())
+    return json.loads(fc.hf_config(name).to_json_string())
 
 
 REFUSED = [
@@ -181,6 +179,8 @@ REFUSED = [
     ("llama", {"some_new_field": 1}, "some_new_field"),
     ("llama", {"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization_config"),
     ("llama", {"is_encoder_decoder": True}, "is_encoder_decoder"),
+    # transformers 4's PretrainedConfig field that would describe a cross-attention.
+    ("llama", {"cross_attention_hidden_size": 8}, "cross_attention_hidden_size"),
     ("mistral", {"layer_types": ["full_attention"] * 2}, "layer_types"),
     ("qwen2", {"layer_types": ["full_attention", "chunked_attention"]}, "layer_types"),
     ("qwen3", {"layer_types": ["sliding_attention"] * 2, "use_sliding_window": False},
@@ -277,7 +277,11 @@ REFUSED = [
 @pytest.mark.parametrize("name, changes, field", REFUSED,
                          ids=[f"{n}-{f}" for n, _, f in REFUSED])
 def test_refused_fields(name, changes, field):
-    config = {**_hf_config(name), **changes}
+    config = _hf_config(name)
+    if "rope_scaling" in config:  # a transformers 4 config: the RoPE under 4.x's names
+        changes = fc.as_transformers_4(changes)
+        field = field.replace("rope_parameters", "rope_scaling")
+    config = {**config, **changes}
     with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
         convert.causal_lm_from_transformers(config, {})
 
@@ -355,14 +359,21 @@ def test_expert_biases_the_family_lacks_are_refused(converted, entry, flag):
 
 
 def test_family_tables_classify_every_field_of_the_transformers_configs():
-    """Every field of each family's default transformers config is read, neutral or ignored."""
+    """Every field of each family's default transformers config is read, neutral or ignored
+    (transformers 4.x's too: its PretrainedConfig's generation defaults and legacy flags);
+    the families the installed transformers lacks are left out."""
     table = tables.family_table()
+    checked = []
     for name in NAMES:
-        family = fc.CASES[name][0]
-        config = getattr(transformers, family)().to_dict()
+        family = getattr(transformers, fc.CASES[name][0], None)
+        if family is None:  # a family added after the installed transformers
+            continue
+        config = family().to_dict()
         entry = table[config["model_type"]]
         unknown = set(config) - set(entry["read"]) - set(entry["neutral"]) - set(entry["ignored"])
         assert not unknown, (name, unknown)
+        checked.append(name)
+    assert len(checked) >= 10, checked  # transformers 4.45 has 10 of the families
 
 
 def test_layer_index_is_checked():
@@ -377,3 +388,21 @@ def test_gelu_approximate_serialises_by_name():
     expected = torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh").numpy()
     np.testing.assert_allclose(keras.ops.convert_to_numpy(gelu_approximate(x)), expected,
                                atol=1e-6)
+
+
+def test_family_architectures_are_transformers_class_names():
+    """Each family's ARCHITECTURES are the installed transformers' `*ForCausalLM` and
+    `*Model` classes of its model_type (the families it has)."""
+    from transformers.models.auto import modeling_auto
+
+    from keras_attn.convert import families
+
+    checked = 0
+    for model_type in families.model_types():
+        causal = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+        if causal is None:  # a family added after the installed transformers
+            continue
+        expected = (causal, modeling_auto.MODEL_MAPPING_NAMES[model_type])
+        assert families.family(model_type).ARCHITECTURES == expected, model_type
+        checked += 1
+    assert checked >= 10, checked

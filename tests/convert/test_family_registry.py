@@ -22,6 +22,54 @@ def test_every_model_type_has_its_module():
         assert set(module.FIELDS) <= {"read", "neutral", "ignored"}
 
 
+def test_each_family_registers_its_classes_under_one_prefix_of_its_own():
+    prefixes = {}
+    for name in families.model_types():
+        module = families.family(name)
+        assert module.ARCHITECTURES and all(isinstance(a, str) for a in module.ARCHITECTURES)
+        own = {families.class_prefix(a) for a in module.ARCHITECTURES}
+        assert len(own) == 1 and None not in own, (name, own)
+        prefixes.setdefault(own.pop(), []).append(name)
+    assert all(len(names) == 1 for names in prefixes.values()), prefixes
+    assert families.class_prefix("GPT2LMHeadModel") == "GPT2"
+    assert families.class_prefix("Gemma3TextModel") == "Gemma3"
+    assert families.class_prefix("LLaMAForCausalLM") == "LLaMA"  # no registered family's
+    assert families.class_prefix("Model") is None and families.class_prefix("Foo") is None
+
+
+@pytest.mark.parametrize("model_type, architectures, other", [
+    ("llama", ["Gemma3ForCausalLM"], "gemma3_text"),
+    ("gemma3_text", ["LlamaForCausalLM"], "llama"),  # the other direction
+    ("qwen3", ["Qwen3MoeForCausalLM"], "qwen3_moe"),  # a prefix of the other's prefix
+    ("qwen3_moe", ["Qwen3ForCausalLM"], "qwen3"),
+    ("gpt2", ["GPT2LMHeadModel", "MistralModel"], "mistral"),  # any entry of the list
+])
+def test_architectures_of_another_family_are_refused_naming_both_fields(
+        model_type, architectures, other):
+    config = {"model_type": model_type, **TINY, "architectures": architectures}
+    with pytest.raises(ValueError, match=rf"`architectures` and `model_type` disagree.*"
+                                         rf"model_type '{other}', not of '{model_type}'.*"
+                                         rf"Received: architectures=.*model_type="):
+        causal_lm_from_transformers(config, {})
+
+
+@pytest.mark.parametrize("architectures", [
+    None, [], ["LlamaForCausalLM"], ["LlamaModel"], ["LlamaForSequenceClassification"],
+    ["LLaMAForCausalLM"], ["MyLlamaVariant"]])
+def test_architectures_of_the_family_or_of_none_are_metadata(architectures):
+    from keras_attn.convert._transformers_config import read_config
+
+    config = {"model_type": "llama", **TINY, "architectures": architectures}
+    assert read_config(config).family == "llama"
+
+
+def test_architectures_must_be_a_list_of_names():
+    with pytest.raises(ValueError, match=r"`architectures`.*Received: architectures="
+                                         r"'LlamaForCausalLM'"):
+        causal_lm_from_transformers({"model_type": "llama", **TINY,
+                                     "architectures": "LlamaForCausalLM"}, {})
+
+
 def test_an_unknown_model_type_is_refused_by_name():
     with pytest.raises(ValueError, match=r"model_type.*Received: model_type='bert'"):
         families.family("bert")

@@ -17,10 +17,14 @@ from keras_attn import convert  # noqa: E402
 
 def _dict_config(model):
     config = model.config.to_dict()
-    params = dict(config.pop("rope_parameters"))
+    if "rope_parameters" in config:  # transformers 5
+        params = dict(config.pop("rope_parameters"))
+        config["rope_theta"] = params.pop("rope_theta")
+    else:  # transformers 4 wrote `rope_scaling` (longrope's under `type`) and `rope_theta`
+        params = dict(config["rope_scaling"])
     # An older config.json: `rope_scaling` with type "su", its own (ignored) context length.
-    config["rope_theta"] = params.pop("rope_theta")
-    params.pop("rope_type")
+    params.pop("rope_type", None)
+    params.pop("type", None)
     params.pop("partial_rotary_factor", None)
     config["rope_scaling"] = {**params, "type": "su", "original_max_position_embeddings": 4096}
     return config

@@ -4,6 +4,10 @@ Each module (`llama.py`, `starcoder2.py`, ...) holds what keras_attn knows of it
 family:
 
 - `MODEL_TYPE`: the config's `model_type`;
+- `ARCHITECTURES`: transformers' `*ForCausalLM` and `*Model` classes of the family
+  (what a config's `architectures` lists), from which `check_architectures` takes the
+  family's prefix by transformers' naming rule (`LlamaForCausalLM`, `LlamaModel`:
+  `Llama`);
 - `FIELDS`: its config fields, `{"read": (...), "neutral": {field: values},
   "ignored": {field: why}}` (the fields every config has are added by
   `keras_attn.convert._transformers_config.table_of`); a field in none of them is
@@ -28,8 +32,9 @@ is first asked for.
 """
 
 import importlib
+import re
 
-__all__ = ["REFUSED", "family", "model_types"]
+__all__ = ["REFUSED", "check_architectures", "family", "model_types"]
 
 # model_type -> module (in keras_attn.convert.families).
 _MODULES = {name: name for name in (
@@ -76,3 +81,47 @@ def family(model_type):
             f"config field `model_type` is not supported (keras_attn converts "
             f"{', '.join(map(repr, _MODULES))}). Received: model_type={model_type!r}")
     return importlib.import_module(f"{__name__}.{_MODULES[model_type]}")
+
+
+# transformers' naming rule: a model class is its family's prefix then a head
+# (`ForCausalLM`, `ForSequenceClassification`, ..., `LMHeadModel`, `TextModel`, `Model`).
+_HEAD = re.compile(r"(TextModel|LMHeadModel|Model|For[A-Z][A-Za-z]*)$")
+
+
+def class_prefix(name):
+    """The family prefix of transformers class `name` (`Gemma3ForCausalLM`: `Gemma3`), or
+    None when it does not follow the naming rule."""
+    match = _HEAD.search(name)
+    return (name[:match.start()] or None) if match else None
+
+
+def _owners():
+    """{prefix: model_type} of every registered family (imports every family module)."""
+    return {class_prefix(name): model_type for model_type in _MODULES
+            for name in family(model_type).ARCHITECTURES}
+
+
+def check_architectures(config, module):
+    """A `ValueError` naming `architectures` and `model_type` when the config's
+    `architectures` lists a class of another registered family than `module`'s (by
+    transformers' naming rule: `Gemma3ForCausalLM` with `model_type="llama"`). Classes of
+    the family itself (any head), and names of no registered family (a custom class, an
+    older spelling such as `LLaMAForCausalLM`), are metadata."""
+    names = config.get("architectures")
+    if names is None:
+        return
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ValueError("config field `architectures` must be a list of class names. "
+                         f"Received: architectures={names!r}")
+    own = {class_prefix(name) for name in module.ARCHITECTURES}
+    for name in names:
+        prefix = class_prefix(name)
+        if prefix is None or prefix in own:
+            continue
+        owner = _owners().get(prefix)
+        if owner is not None:
+            raise ValueError(
+                f"config fields `architectures` and `model_type` disagree: {name!r} is "
+                f"transformers' class of model_type {owner!r}, not of {module.MODEL_TYPE!r}; "
+                "keras_attn converts neither from a config that names both. Received: "
+                f"architectures={list(names)!r}, model_type={module.MODEL_TYPE!r}")

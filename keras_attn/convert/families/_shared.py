@@ -24,7 +24,8 @@ from keras_attn.convert._transformers_config import (
 __all__ = ["HYBRID_LAYER_TYPES", "LINEAR_FIELDS", "ROUTER_TRAINING_FIELDS",
            "check_rotary_width", "checked_layer_types", "core", "every_nth_full",
            "gated_deltanet_arguments", "hybrid_layer_types", "join_query_gate", "layer_specs",
-           "layer_types", "refuse", "rope_of", "sliding_windows", "split_gate_up",
+           "layer_types", "refuse", "refuse_changed_defaults", "rope_of", "sliding_windows",
+           "split_gate_up",
            "split_query_gate", "window_of", "windows_from_max_window_layers"]
 
 refuse = _refuse
@@ -70,6 +71,22 @@ def core(config, *, activation_field="hidden_act", default_activation="silu",
         tie_word_embeddings=bool(config.get("tie_word_embeddings", tie_default)))
 
 
+def refuse_changed_defaults(config, defaults_4):
+    """Refuse, naming it, a field of `defaults_4` (`{field: transformers 4.45's default}`, where
+    the family's 4.x default differs from 5.x's) that a config written by transformers 4
+    (`transformers_version` "4.*") leaves out: `save_pretrained` leaves out the fields equal
+    to the writing version's defaults, so the value meant is 4.x's, which 5.x (and
+    keras_attn) would not take."""
+    version = config.get("transformers_version")
+    if not (isinstance(version, str) and version.startswith("4.")):
+        return
+    for field, default in defaults_4.items():
+        if field not in config:
+            _refuse(field, None, f"left out of a config written by transformers {version}, "
+                    f"whose default ({default!r} in 4.45) differs from transformers 5's: give "
+                    "it in the config")
+
+
 def rope_of(config, *, partial_rotary=False, longrope=False, default_theta=10000.0):
     """The RoPE options (AttentionOptions fields) of a config with one `rope_parameters`
     (or the older `rope_theta` / `rope_scaling`).
@@ -85,6 +102,15 @@ def rope_of(config, *, partial_rotary=False, longrope=False, default_theta=10000
     if params is not None and config.get("rope_scaling") is not None:
         _refuse("rope_scaling", config["rope_scaling"],
                 "give either `rope_parameters` or the older `rope_scaling`, not both")
+    if isinstance(params, Mapping) and "rope_scaling" in config and (
+            params.get("rope_type", params.get("type", "default")) != "default"
+            or set(params) - {"rope_type", "type", "rope_theta"}):
+        # Only transformers 4 writes `rope_scaling` (None here): its model reads rope_theta
+        # and rope_scaling, and a `rope_parameters` given to a 4.x config is stored unread.
+        _refuse("rope_parameters", params,
+                "the config also has rope_scaling=None, as transformers 4 writes it, whose "
+                "model reads rope_theta and rope_scaling and ignores rope_parameters; give "
+                "the RoPE scaling as rope_scaling there")
     if params is None:
         params = {"rope_theta": config.get("rope_theta", default_theta),
                   **dict(config.get("rope_scaling") or {})}

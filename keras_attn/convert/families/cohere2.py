@@ -16,6 +16,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _number
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "cohere2"
+ARCHITECTURES = ("Cohere2ForCausalLM", "Cohere2Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "layer_norm_eps", "attention_bias",
                                    "logit_scale", "sliding_window", "layer_types",

@@ -39,6 +39,7 @@ from keras_attn.convert.families import _shared
 from keras_attn.rope import _yarn_mscale
 
 MODEL_TYPE = "deepseek_v3"
+ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV3Model")  # transformers' classes (`architectures`)
 _MOE = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "n_group", "topk_group",
         "first_k_dense_replace", "norm_topk_prob", "routed_scaling_factor",
         "moe_intermediate_size", "topk_method", "scoring_func")

@@ -10,6 +10,7 @@ from keras_attn.convert._transformers_config import ModelSpec
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "exaone4"
+ARCHITECTURES = ("Exaone4ForCausalLM", "Exaone4Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "sliding_window",
                                    "sliding_window_pattern", "layer_types"),

@@ -8,6 +8,7 @@ from keras_attn.convert._transformers_config import ModelSpec
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "gemma"
+ARCHITECTURES = ("GemmaForCausalLM", "GemmaModel")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "attention_bias"),
     "neutral": {"use_bidirectional_attention": (False, None)},

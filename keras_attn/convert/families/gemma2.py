@@ -11,6 +11,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _number
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "gemma2"
+ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma2Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("rms_norm_eps", "hidden_activation", "attention_bias",
                                    "query_pre_attn_scalar", "attn_logit_softcapping",
@@ -24,9 +25,13 @@ FIELDS = {
 # transformers 5.24's defaults for fields a config.json may leave out, where they differ
 # from what `_shared.core` assumes (tests/convert/test_config_defaults.py compares).
 _DEFAULTS = {"num_key_value_heads": 4, "head_dim": 256}
+# transformers 4.45's Gemma2Config defaults where 5's differ: left out of a 4.x config.json,
+# they are refused by name (`_shared.refuse_changed_defaults`).
+_DEFAULTS_4 = {"num_key_value_heads": 16, "query_pre_attn_scalar": 224}
 
 
 def spec(config):
+    _shared.refuse_changed_defaults(config, _DEFAULTS_4)
     config = {**_DEFAULTS, **config}
     core = _shared.core(config, activation_field="hidden_activation",
                         default_activation="gelu_pytorch_tanh", tie_default=True)

@@ -19,6 +19,7 @@ from keras_attn.convert._transformers_config import (
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "gemma3_text"
+ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3TextModel")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("rms_norm_eps", "hidden_activation", "attention_bias",
                                    "query_pre_attn_scalar", "final_logit_softcapping",

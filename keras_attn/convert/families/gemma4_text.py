@@ -57,6 +57,7 @@ from keras_attn.convert._transformers_config import (
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "gemma4_text"
+ARCHITECTURES = ("Gemma4ForCausalLM", "Gemma4TextModel")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("rms_norm_eps", "hidden_activation", "attention_bias",
                                    "final_logit_softcapping", "sliding_window", "layer_types",

@@ -12,6 +12,7 @@ from keras_attn.convert._transformers_config import ModelSpec
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "glm4"
+ARCHITECTURES = ("Glm4ForCausalLM", "Glm4Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "attention_bias",
                                    "partial_rotary_factor"),

@@ -21,6 +21,7 @@ from keras_attn.convert._transformers_config import (
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "gpt2"
+ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": ("vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions",
              "activation_function", "layer_norm_epsilon", "tie_word_embeddings",

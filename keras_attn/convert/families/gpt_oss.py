@@ -26,6 +26,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _number, _positiv
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "gpt_oss"
+ARCHITECTURES = ("GptOssForCausalLM", "GptOssModel")  # transformers' classes (`architectures`)
 # GptOssConfig's RoPE when a config gives none (its default_theta and __post_init__).
 _DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                  "truncate": False, "original_max_position_embeddings": 4096}

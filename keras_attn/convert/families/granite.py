@@ -9,6 +9,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _number
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "granite"
+ARCHITECTURES = ("GraniteForCausalLM", "GraniteModel")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "attention_bias", "mlp_bias",
                                    "attention_multiplier", "embedding_multiplier",

@@ -7,6 +7,7 @@ from keras_attn.convert._transformers_config import ModelSpec
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "llama"
+ARCHITECTURES = ("LlamaForCausalLM", "LlamaModel")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "attention_bias", "mlp_bias"),
     "neutral": {},

@@ -6,6 +6,7 @@ from keras_attn.convert._transformers_config import ModelSpec
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "ministral"
+ARCHITECTURES = ("MinistralForCausalLM", "MinistralModel")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "sliding_window",
                                    "layer_types"),

@@ -21,6 +21,7 @@ from keras_attn.convert.families import _shared
 from keras_attn.rope import ROPE_TYPES
 
 MODEL_TYPE = "ministral3"
+ARCHITECTURES = ("Ministral3ForCausalLM", "Ministral3Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "sliding_window"),
     "neutral": {},

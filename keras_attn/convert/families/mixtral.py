@@ -13,6 +13,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _positive_int, _r
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "mixtral"
+ARCHITECTURES = ("MixtralForCausalLM", "MixtralModel")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "sliding_window",
                                    "num_local_experts", "num_experts_per_tok"),

@@ -9,6 +9,7 @@ from keras_attn.convert._transformers_config import ModelSpec
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "olmo2"
+ARCHITECTURES = ("Olmo2ForCausalLM", "Olmo2Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "attention_bias"),
     "neutral": {},

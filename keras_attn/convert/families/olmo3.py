@@ -9,6 +9,7 @@ from keras_attn.convert._transformers_config import LAYER_TYPES, ModelSpec, _rop
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "olmo3"
+ARCHITECTURES = ("Olmo3ForCausalLM", "Olmo3Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "attention_bias",
                                    "sliding_window", "layer_types"),

@@ -18,6 +18,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _positive_int
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "phi3"
+ARCHITECTURES = ("Phi3ForCausalLM", "Phi3Model")  # transformers' classes (`architectures`)
 _ORIGINAL_DEFAULT = 4096  # Phi3Config's original_max_position_embeddings
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "sliding_window",

@@ -7,6 +7,7 @@ from keras_attn.convert._transformers_config import ModelSpec
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "qwen2"
+ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen2Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "sliding_window",
                                    "use_sliding_window", "max_window_layers", "layer_types"),

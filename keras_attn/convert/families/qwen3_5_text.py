@@ -27,6 +27,7 @@ from keras_attn.convert._transformers_config import ModelSpec
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "qwen3_5_text"
+ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5TextModel")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + _shared.LINEAR_FIELDS + (
         "hidden_act", "rms_norm_eps", "attention_bias", "partial_rotary_factor",

@@ -16,6 +16,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _positive_int, _r
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "qwen3_moe"
+ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen3MoeModel")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + (
         "hidden_act", "rms_norm_eps", "attention_bias", "sliding_window",

@@ -41,6 +41,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _positive_int
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "qwen3_next"
+ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3NextModel")  # transformers' classes (`architectures`)
 _MOE = ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
         "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
         "mlp_only_layers")

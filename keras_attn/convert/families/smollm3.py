@@ -6,6 +6,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _positive_int
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "smollm3"
+ARCHITECTURES = ("SmolLM3ForCausalLM", "SmolLM3Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "rms_norm_eps", "attention_bias", "mlp_bias",
                                    "no_rope_layers", "no_rope_layer_interval",

@@ -9,6 +9,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _number
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "starcoder2"
+ARCHITECTURES = ("Starcoder2ForCausalLM", "Starcoder2Model")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + ("hidden_act", "norm_epsilon", "use_bias", "sliding_window"),
     "neutral": {},
