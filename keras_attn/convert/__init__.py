@@ -33,6 +33,7 @@ from keras_attn.convert.huggingface import (
     transformer_decoder_layer_from_llama,
 )
 from keras_attn.convert.keras import multi_head_attention_from_keras
+from keras_attn.convert.keras_hub import causal_lm_from_keras_hub
 from keras_attn.convert.latent_attention import multi_head_latent_attention_from_transformers
 from keras_attn.convert.pretrained import causal_lm_from_pretrained, causal_lm_to_pretrained
 from keras_attn.convert.torch import (
@@ -48,6 +49,7 @@ from keras_attn.convert.transformers import (
 )
 
 __all__ = [
+    "causal_lm_from_keras_hub",
     "causal_lm_from_pretrained",
     "causal_lm_from_transformers",
     "causal_lm_to_pretrained",
