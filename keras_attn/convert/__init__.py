@@ -19,7 +19,9 @@ kernel is `(in, out)`, so `kernel = weight.T`. Head `h` owns columns
 `[h * d, (h + 1) * d)` of the torch weight, so no head reordering is needed.
 
 One module per source: `keras_attn.convert.keras` (`keras.layers.MultiHeadAttention`),
-`keras_attn.convert.torch` (`torch.nn` state dicts) and
+`keras_attn.convert.torch` (`torch.nn` state dicts),
+`keras_attn.convert.keras_hub` (keras-hub's Llama 3, Mistral, Qwen 2 and Gemma 3 models,
+through the transformers families) and
 `keras_attn.convert.huggingface` (Llama state dicts), and
 `keras_attn.convert.transformers` (whole transformers LMs and their layers,
 read from the config, one module per family in `keras_attn.convert.families`:
