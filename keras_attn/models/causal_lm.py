@@ -416,6 +416,24 @@ class CausalLM(keras.Model):
                                         temperature=temperature, top_k=top_k, seed=seed,
                                         jit_compile=jit_compile)
 
+    def enable_lora(self, rank: int, target_names=None):
+        """Freeze the model and enable LoRA of `rank` on the projections named `target_names`.
+
+        keras-hub's `Backbone.enable_lora`: every weight is frozen, then Keras's own
+        `enable_lora(rank)` runs on each `Dense` sublayer named in `target_names`
+        (None: keras-hub's default, "query_dense" and "value_dense"; the blocks' are
+        "query_dense", "key_dense", "value_dense", "output_dense", "gate_dense",
+        "intermediate_dense"). `fit` then trains the low-rank factors only;
+        `save_pretrained` writes the merged kernels, and a `.keras` file stores them.
+
+        Args:
+            rank: the LoRA rank, a positive int.
+            target_names: None or a list of sublayer names.
+        """
+        from keras_attn.models._lora import enable_lora
+
+        enable_lora(self, rank, target_names)
+
     def save(self, filepath, *args, **kwargs):
         """`keras.Model.save`, refusing a quantized model before a file is written
         (`get_config` refuses it too, after Keras has opened the file)."""
