@@ -429,6 +429,19 @@ class CausalLM(keras.Model):
         Args:
             rank: the LoRA rank, a positive int.
             target_names: None or a list of sublayer names.
+
+        Example:
+
+        >>> import keras_attn
+        >>> blocks = [keras_attn.TransformerDecoderLayer(
+        ...     num_heads=2, key_dim=8, intermediate_dim=32, gated_feed_forward=True,
+        ...     normalization="rms", normalize_first=True, use_bias=False)]
+        >>> lm = keras_attn.CausalLM(vocabulary_size=50, hidden_dim=16, blocks=blocks)
+        >>> lm.enable_lora(4)
+        >>> sorted(w.path.split("/")[-2] for w in lm.trainable_weights)[:2]
+        ['query_dense', 'query_dense']
+        >>> len(lm.trainable_weights)  # A and B of the query and value projections
+        4
         """
         from keras_attn.models._lora import enable_lora
 
