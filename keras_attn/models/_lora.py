@@ -6,8 +6,10 @@ Every weight of the model is frozen, then Keras's own `enable_lora(rank)` runs o
 its low-rank `lora_kernel_a @ lora_kernel_b` trains). Keras's `kernel` property then
 returns the merged kernel `kernel + (alpha / rank) * A @ B`: what the model computes,
 what `CausalLM.save_pretrained` writes (keras_attn.convert.pretrained reads `kernel`) and
-what a `.keras` file stores (Keras saves the merged kernel; the reloaded model has it as
-its plain kernel, without LoRA sublayers).
+what a `.keras` file stores (Keras saves the merged kernel). The model's config keeps
+`lora` (`{"rank": r, "target_names": [...]}`, only when enabled), so a reloaded model has
+its LoRA again: the merged kernels as its frozen kernels and zero factors (Keras's
+`Dense.load_own_variables`), predicting the same and ready to go on fine-tuning.
 """
 
 from keras_attn._validation import check_positive_int
@@ -49,4 +51,13 @@ def enable_lora(model, rank, target_names=None):
     for layer in targets:
         layer.trainable = True
         layer.enable_lora(rank)
+    model.lora = {"rank": rank, "target_names": list(target_names)}
     return targets
+
+
+def enable_from_config(model, lora):
+    """`enable_lora` from a saved config's `lora` entry."""
+    if not isinstance(lora, dict) or set(lora) != {"rank", "target_names"}:
+        raise ValueError('`lora` must be None or {"rank": int, "target_names": [names]} '
+                         f"(CausalLM.enable_lora). Received: lora={lora!r}")
+    enable_lora(model, lora["rank"], lora["target_names"])

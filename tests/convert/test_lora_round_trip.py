@@ -103,6 +103,15 @@ def test_a_saved_lora_model_reloads_predicting_the_same(tuned, tmp_path):
     lm.save(path)
     again = keras.saving.load_model(path, compile=False)
     assert _error(keras.ops.convert_to_numpy(again(ids)), logits) <= TOLERANCE
+    # its LoRA again (the config's `lora`): the merged kernels frozen, the factors to train
+    assert again.lora == {"rank": 2, "target_names": list(_lora.PROJECTIONS)}
+    assert len(again.trainable_weights) == 2 * 7 * L
+    assert all(w.path.rsplit("/", 1)[-1].startswith("lora_kernel_")
+               for w in again.trainable_weights)
+
+
+def test_a_model_without_lora_keeps_todays_config():
+    assert "lora" not in _llama().get_config()
 
 
 def test_a_quantized_model_is_not_written(tmp_path):
