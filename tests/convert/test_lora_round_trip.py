@@ -115,7 +115,11 @@ def test_a_model_without_lora_keeps_todays_config():
 
 
 def test_a_quantized_model_is_not_written(tmp_path):
-    lm = _llama()
+    from keras_attn import CausalLM, TransformerDecoderLayer
+
+    lm = CausalLM(16, 8, [TransformerDecoderLayer(num_heads=2, key_dim=4, intermediate_dim=8,
+                                                  normalization="rms", normalize_first=True)],
+                  source_config={"model_type": "llama"})  # refused before it is read
     lm.quantize("int8")
     with pytest.raises(ValueError, match="quantized"):
         lm.save_pretrained(tmp_path)
