@@ -19,7 +19,9 @@ kernel is `(in, out)`, so `kernel = weight.T`. Head `h` owns columns
 `[h * d, (h + 1) * d)` of the torch weight, so no head reordering is needed.
 
 One module per source: `keras_attn.convert.keras` (`keras.layers.MultiHeadAttention`),
-`keras_attn.convert.torch` (`torch.nn` state dicts) and
+`keras_attn.convert.torch` (`torch.nn` state dicts),
+`keras_attn.convert.keras_hub` (keras-hub's Llama 3, Mistral, Qwen 2 and Gemma 3 models,
+through the transformers families) and
 `keras_attn.convert.huggingface` (Llama state dicts), and
 `keras_attn.convert.transformers` (whole transformers LMs and their layers,
 read from the config, one module per family in `keras_attn.convert.families`:
@@ -33,6 +35,7 @@ from keras_attn.convert.huggingface import (
     transformer_decoder_layer_from_llama,
 )
 from keras_attn.convert.keras import multi_head_attention_from_keras
+from keras_attn.convert.keras_hub import causal_lm_from_keras_hub
 from keras_attn.convert.latent_attention import multi_head_latent_attention_from_transformers
 from keras_attn.convert.pretrained import causal_lm_from_pretrained, causal_lm_to_pretrained
 from keras_attn.convert.torch import (
@@ -48,6 +51,7 @@ from keras_attn.convert.transformers import (
 )
 
 __all__ = [
+    "causal_lm_from_keras_hub",
     "causal_lm_from_pretrained",
     "causal_lm_from_transformers",
     "causal_lm_to_pretrained",

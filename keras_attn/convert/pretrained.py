@@ -403,10 +403,13 @@ def causal_lm_to_pretrained(lm, path: str | os.PathLike, model_type: str | None 
         max_shard_size: bytes per shard, an int or a string ("5GB", "200MB").
 
     Raises:
-        ValueError: the model has no `source_config`, its family is not
+        ValueError: a quantized model, the model has no `source_config`, its family is not
             written yet (glm4, gemma4_text and the attention-only ones), a
             `model_type` other than the source's, or a bad `max_shard_size`.
     """
+    from keras_attn.layers._common import check_not_quantized
+
+    check_not_quantized(lm)  # its kernels are int8 codes: refused, named, before any file
     limit = _shard_bytes(max_shard_size)
     config, spec = _spec_of(lm, model_type)
     import keras

@@ -114,6 +114,9 @@ class CausalLM(keras.Model):
             the model was converted from: `keras_attn.convert` sets it, and
             `save_pretrained` writes the checkpoint of that family from it. In
             the config when set.
+        lora: None, or `{"rank": r, "target_names": [...]}`: what `enable_lora`
+            enabled (it sets it; a saved model gets its LoRA back). In the config
+            when set.
         **kwargs: `name`, `dtype` and the other arguments of `keras.Model`.
 
     Call arguments:
@@ -160,7 +163,8 @@ class CausalLM(keras.Model):
                  hidden_size_per_layer_input: int | None = None,
                  vocab_size_per_layer_input: int | None = None,
                  max_position_embeddings: int | None = None,
-                 source_config: dict | None = None, **kwargs) -> None:
+                 source_config: dict | None = None, lora: dict | None = None,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size = check_positive_int("vocabulary_size", vocabulary_size)
         self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
@@ -230,7 +234,12 @@ class CausalLM(keras.Model):
             raise ValueError("`source_config` must be None or a dict (a config.json). "
                              f"Received: source_config of type {type(source_config).__name__}")
         self.source_config = None if source_config is None else dict(source_config)
+        self.lora = None
         self.build((None, None))
+        if lora is not None:  # a saved LoRA model: its LoRA again (models/_lora.py)
+            from keras_attn.models._lora import enable_from_config
+
+            enable_from_config(self, lora)
 
     def build(self, input_shape=None):
         hidden_shape = (None, None, self.hidden_dim)
@@ -478,6 +487,38 @@ class CausalLM(keras.Model):
                                         return_lengths=return_lengths, top_p=top_p,
                                         streamer=streamer)
 
+    def enable_lora(self, rank: int, target_names=None):
+        """Freeze the model and enable LoRA of `rank` on the projections named `target_names`.
+
+        keras-hub's `Backbone.enable_lora`: every weight is frozen, then Keras's own
+        `enable_lora(rank)` runs on each `Dense` sublayer named in `target_names`
+        (None: keras-hub's default, "query_dense" and "value_dense"; the blocks' are
+        "query_dense", "key_dense", "value_dense", "output_dense", "gate_dense",
+        "intermediate_dense"). `fit` then trains the low-rank factors only;
+        `save_pretrained` writes the merged kernels; a `.keras` file stores them and
+        `lora` (the config's), so the reloaded model has its LoRA again.
+
+        Args:
+            rank: the LoRA rank, a positive int.
+            target_names: None or a list of sublayer names.
+
+        Example:
+
+        >>> import keras_attn
+        >>> blocks = [keras_attn.TransformerDecoderLayer(
+        ...     num_heads=2, key_dim=8, intermediate_dim=32, gated_feed_forward=True,
+        ...     normalization="rms", normalize_first=True, use_bias=False)]
+        >>> lm = keras_attn.CausalLM(vocabulary_size=50, hidden_dim=16, blocks=blocks)
+        >>> lm.enable_lora(4)
+        >>> sorted(w.path.split("/")[-2] for w in lm.trainable_weights)[:2]
+        ['query_dense', 'query_dense']
+        >>> len(lm.trainable_weights)  # A and B of the query and value projections
+        4
+        """
+        from keras_attn.models._lora import enable_lora
+
+        enable_lora(self, rank, target_names)
+
     def save(self, filepath, *args, **kwargs):
         """`keras.Model.save`, refusing a quantized model before a file is written
         (`get_config` refuses it too, after Keras has opened the file)."""
@@ -515,7 +556,7 @@ class CausalLM(keras.Model):
         if self.logits_scaling is not None:  # absent when unset: the config stays today's
             config["logits_scaling"] = self.logits_scaling
         for name in ("kv_sharing", "hidden_size_per_layer_input", "vocab_size_per_layer_input",
-                     "max_position_embeddings", "source_config"):
+                     "max_position_embeddings", "source_config", "lora"):
             if getattr(self, name) is not None:  # likewise
                 config[name] = getattr(self, name)
         return config

@@ -3,7 +3,8 @@
 stores `attn_logit_softcapping` but never applies it: refused unless None rather than
 guessed), a RoPE of its own per layer type (`rope_parameters` a dict by
 "full_attention" / "sliding_attention"; in older configs `rope_theta` and
-`rope_scaling` for the full blocks, `rope_local_base_freq` for the sliding ones), and
+`rope_scaling` for the full blocks, `rope_local_base_freq` for the sliding ones; beside
+`rope_parameters`, as keras-hub's exporter writes them, accepted only where they agree), and
 without `layer_types` every `sliding_window_pattern`-th block full (6 by default)."""
 
 import math
@@ -48,10 +49,16 @@ def rope_by_layer_type(config):
         scaling = dict(config.get("rope_scaling") or {})
         params = {"full_attention": {"rope_theta": config.get("rope_theta", 1e6), **scaling},
                   "sliding_attention": {"rope_theta": config.get("rope_local_base_freq", 1e4)}}
-    elif "rope_local_base_freq" in config or "rope_theta" in config:
-        _refuse("rope_local_base_freq" if "rope_local_base_freq" in config else "rope_theta",
-                config.get("rope_local_base_freq", config.get("rope_theta")),
-                "the RoPE bases are in `rope_parameters` already")
+    else:  # beside `rope_parameters` (keras-hub's exporter writes both): only if they agree
+        for field, kind in (("rope_theta", "full_attention"),
+                            ("rope_local_base_freq", "sliding_attention")):
+            given = params.get(kind) if isinstance(params, Mapping) else None
+            theta = given.get("rope_theta") if isinstance(given, Mapping) else None
+            if field in config and config[field] != theta:
+                raise ValueError(
+                    f"config fields `{field}` and `rope_parameters` disagree (the RoPE base "
+                    f"of the {kind!r} layers is in both). Received: {field}="
+                    f"{config[field]!r} and rope_parameters[{kind!r}]['rope_theta']={theta!r}")
     if not isinstance(params, Mapping) or set(params) - set(LAYER_TYPES):
         _refuse("rope_parameters", params, "Gemma 3's is a dict by layer type "
                 "('full_attention', 'sliding_attention')")
