@@ -65,6 +65,9 @@ COMMANDS = {
                "and with the float64 reference"),
     "demo": ("keras_attn.demo", "train an encoder-decoder Transformer to reverse digit "
                                  "sequences (or, with --task add, a decoder-only one to add)"),
+    "generate": ("keras_attn.generate_command",
+                 "continue a prompt with a Hugging Face checkpoint folder's model and "
+                 "tokenizer, streaming the text as it comes"),
 }
 
 # Environment defaults for this process (before Keras is imported) and the
