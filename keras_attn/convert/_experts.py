@@ -41,8 +41,8 @@ import numpy as np
 from keras_attn.convert import _common
 
 __all__ = ["ExpertModules", "MIXTRAL_MODULES", "QWEN2_MOE_MODULES", "experts_plan",
-           "join_expert_modules", "parallel_experts_plan", "shared_experts_plan",
-           "split_expert_modules"]
+           "join_expert_modules", "parallel_experts_plan", "per_expert_checkpoint",
+           "shared_experts_plan", "split_expert_modules"]
 
 # DeepSeek V3's name for the shared expert's MLP (`DeepseekV3MoE.shared_experts`).
 SHARED_PREFIX = "mlp.shared_experts."
@@ -252,3 +252,17 @@ def parallel_experts_plan(entries, spec, ff, sub, check, norm_plan):
                        ("post_feedforward_layernorm_2", ff.post_experts_norm)):
         plan += norm_plan(norm, sub + name)
     return plan
+
+
+def per_expert_checkpoint(modules):
+    """A family's `(canonical_state_dict, checkpoint_state_dict)` (the registry's hooks) for
+    a checkpoint that names its experts as `modules` does: the one module per expert that
+    transformers' `save_pretrained` writes and the Hub holds, stacked into the fused entries
+    the reader maps (fused entries pass unchanged), and split back when writing."""
+    def canonical_state_dict(entries, spec):
+        return join_expert_modules(entries, modules)
+
+    def checkpoint_state_dict(tensors, spec):
+        return split_expert_modules(tensors, modules)
+
+    return canonical_state_dict, checkpoint_state_dict

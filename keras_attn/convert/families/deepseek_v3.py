@@ -33,7 +33,7 @@ the correction-bias rule) and `scoring_func` ("sigmoid" only) are read when pres
 import numbers
 from collections.abc import Mapping
 
-from keras_attn.convert._experts import QWEN2_MOE_MODULES, join_expert_modules, split_expert_modules
+from keras_attn.convert._experts import QWEN2_MOE_MODULES, per_expert_checkpoint
 from keras_attn.convert._transformers_config import LayerSpec, ModelSpec, _number, _positive_int
 from keras_attn.convert.families import _shared
 from keras_attn.rope import _yarn_mscale
@@ -177,14 +177,6 @@ _DEFAULTS = {"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 6
              "v_head_dim": 128}
 
 
-def canonical_state_dict(entries, spec):
-    """The checkpoint's one module per expert (what transformers' `save_pretrained` writes
-    and the Hub holds) stacked into the fused layout the reader maps
-    (`convert._experts.join_expert_modules`); fused entries pass unchanged."""
-    return join_expert_modules(entries, QWEN2_MOE_MODULES)
-
-
-def checkpoint_state_dict(tensors, spec):
-    """The inverse (`CausalLM.save_pretrained`): one module per expert, as transformers
-    writes them."""
-    return split_expert_modules(tensors, QWEN2_MOE_MODULES)
+# The checkpoint's one module per expert (what transformers' `save_pretrained` writes and
+# the Hub holds) <-> the fused experts the reader maps (`convert._experts`).
+canonical_state_dict, checkpoint_state_dict = per_expert_checkpoint(QWEN2_MOE_MODULES)

@@ -8,7 +8,7 @@ transformers 5 stores the experts fused: `mlp.experts.gate_up_proj` (E, 2F, D) a
 `mlp.experts.down_proj` (E, D, F), the router `mlp.gate.weight` (E, D).
 """
 
-from keras_attn.convert._experts import MIXTRAL_MODULES, join_expert_modules, split_expert_modules
+from keras_attn.convert._experts import MIXTRAL_MODULES, per_expert_checkpoint
 from keras_attn.convert._transformers_config import ModelSpec, _positive_int, _refuse
 from keras_attn.convert.families import _shared
 
@@ -52,14 +52,6 @@ def spec(config):
         final_logit_soft_cap=None, layers=layers)
 
 
-def canonical_state_dict(entries, spec):
-    """The checkpoint's one module per expert (what transformers' `save_pretrained` writes
-    and the Hub holds) stacked into the fused layout the reader maps
-    (`convert._experts.join_expert_modules`); fused entries pass unchanged."""
-    return join_expert_modules(entries, MIXTRAL_MODULES)
-
-
-def checkpoint_state_dict(tensors, spec):
-    """The inverse (`CausalLM.save_pretrained`): one module per expert, as transformers
-    writes them."""
-    return split_expert_modules(tensors, MIXTRAL_MODULES)
+# The checkpoint's one module per expert (what transformers' `save_pretrained` writes and
+# the Hub holds) <-> the fused experts the reader maps (`convert._experts`).
+canonical_state_dict, checkpoint_state_dict = per_expert_checkpoint(MIXTRAL_MODULES)

@@ -11,7 +11,7 @@ With `use_sliding_window`, `sliding_window` is every layer's window (transformer
 it to None otherwise).
 """
 
-from keras_attn.convert._experts import QWEN2_MOE_MODULES, join_expert_modules, split_expert_modules
+from keras_attn.convert._experts import QWEN2_MOE_MODULES, per_expert_checkpoint
 from keras_attn.convert._transformers_config import ModelSpec, _positive_int, _refuse
 from keras_attn.convert.families import _shared
 
@@ -82,14 +82,6 @@ def spec(config):
         final_logit_soft_cap=None, layers=layers)
 
 
-def canonical_state_dict(entries, spec):
-    """The checkpoint's one module per expert (what transformers' `save_pretrained` writes
-    and the Hub holds) stacked into the fused layout the reader maps
-    (`convert._experts.join_expert_modules`); fused entries pass unchanged."""
-    return join_expert_modules(entries, QWEN2_MOE_MODULES)
-
-
-def checkpoint_state_dict(tensors, spec):
-    """The inverse (`CausalLM.save_pretrained`): one module per expert, as transformers
-    writes them."""
-    return split_expert_modules(tensors, QWEN2_MOE_MODULES)
+# The checkpoint's one module per expert (what transformers' `save_pretrained` writes and
+# the Hub holds) <-> the fused experts the reader maps (`convert._experts`).
+canonical_state_dict, checkpoint_state_dict = per_expert_checkpoint(QWEN2_MOE_MODULES)
