@@ -43,6 +43,7 @@ from keras_attn.convert._transformers_config import ModelSpec, _positive_int
 from keras_attn.convert.families import _shared
 
 MODEL_TYPE = "llama4_text"
+ARCHITECTURES = ("Llama4ForCausalLM", "Llama4TextModel")  # transformers' classes (`architectures`)
 FIELDS = {
     "read": _shared.CORE_FIELDS + (
         "hidden_act", "rms_norm_eps", "attention_bias", "intermediate_size_mlp",
