@@ -7,16 +7,47 @@ gpt-oss, DeepSeek V3), or, with `scale_inputs`, on its input (`expert_e(w_e * x)
 `Llama4TextMoe`, `routed_in = x * router_scores`), the output unweighted. An expert not
 chosen contributes nothing either way.
 
-Each function takes the layer (its kernels, biases and `_hidden` / `_bias` helpers),
+Each function takes the layer (its kernels, biases and activation options),
 the `(N, D)` tokens, the `(N, k)` weights and int32 expert indices, and returns `(N, D)`.
 """
 
 from keras import ops
 
-__all__ = ["dense", "sparse"]
+__all__ = ["EXPERT_ACTIVATIONS", "dense", "gpt_oss_swiglu", "sparse"]
 
 # Rows per block of the sparse dispatch (at most; fewer when there are fewer tokens).
 SPARSE_BLOCK_ROWS = 64
+
+# What each expert computes of its gate `g = x W_gate (+ b_gate)` and up `u = x W_up
+# (+ b_up)` projections before W_down: "gated", `activation(g) * u` (SwiGLU with "silu");
+# "gpt_oss_swiglu", gpt-oss's clamped SwiGLU (transformers' `GptOssExperts._apply_gate`).
+EXPERT_ACTIVATIONS = ("gated", "gpt_oss_swiglu")
+
+
+def gpt_oss_swiglu(gate, up, alpha, limit):
+    """gpt-oss's clamped SwiGLU: `g = min(g, limit)`, `u = clip(u, -limit, limit)`,
+    `(u + 1) * g * sigmoid(alpha * g)`."""
+    gate = ops.minimum(gate, limit)
+    up = ops.clip(up, -limit, limit)
+    return (up + 1.0) * gate * ops.sigmoid(alpha * gate)
+
+
+def _hidden(layer, gate, up):
+    """An expert's hidden activations from its gate and up projections."""
+    if layer.expert_activation == "gpt_oss_swiglu":
+        return gpt_oss_swiglu(gate, up, layer.swiglu_alpha, layer.swiglu_limit)
+    return layer.activation(gate) * up
+
+
+def _bias(layer, name, experts=None):
+    """Expert bias `name` broadcast over the rows of each expert's `(E or blocks, rows,
+    width)` activations (`experts`: the block's expert of the sparse path), or 0."""
+    if not layer.use_expert_bias:
+        return 0.0
+    bias = getattr(layer, name)
+    if experts is not None:
+        bias = ops.take(bias, experts, axis=0)
+    return bias[:, None, :]
 
 
 def dense(layer, tokens, weights, indices, scale_inputs=False):
@@ -30,10 +61,10 @@ def dense(layer, tokens, weights, indices, scale_inputs=False):
         combine = ops.sum(chosen, axis=1)  # 0 / 1: the chosen experts' outputs, unweighted
     else:
         x, spec = tokens, "nd,edf->enf"
-    gate = ops.einsum(spec, x, layer.gate_kernel) + layer._bias("gate_bias")
-    up = ops.einsum(spec, x, layer.intermediate_kernel) + layer._bias("intermediate_bias")
-    expert_out = (ops.einsum("enf,efd->end", layer._hidden(gate, up), layer.output_kernel)
-                  + layer._bias("output_bias"))  # (E, N, D)
+    gate = ops.einsum(spec, x, layer.gate_kernel) + _bias(layer, "gate_bias")
+    up = ops.einsum(spec, x, layer.intermediate_kernel) + _bias(layer, "intermediate_bias")
+    expert_out = (ops.einsum("enf,efd->end", _hidden(layer, gate, up), layer.output_kernel)
+                  + _bias(layer, "output_bias"))  # (E, N, D)
     return ops.einsum("ne,end->nd", combine, expert_out)
 
 
@@ -80,12 +111,12 @@ def sparse(layer, tokens, weights, indices, scale_inputs=False):
         ops.sum(ops.cast(padded_end[None, :] <= starts[:, None], "int32"), axis=1), E - 1)
     x = ops.reshape(buffer, (blocks, rows, -1))
     gate = (ops.matmul(x, ops.take(layer.gate_kernel, block_expert, axis=0))
-            + layer._bias("gate_bias", block_expert))
+            + _bias(layer, "gate_bias", block_expert))
     up = (ops.matmul(x, ops.take(layer.intermediate_kernel, block_expert, axis=0))
-          + layer._bias("intermediate_bias", block_expert))
+          + _bias(layer, "intermediate_bias", block_expert))
     # Padding rows get the biases too; no copy's slot points at them.
-    y = (ops.matmul(layer._hidden(gate, up), ops.take(layer.output_kernel, block_expert, axis=0))
-         + layer._bias("output_bias", block_expert))
+    y = (ops.matmul(_hidden(layer, gate, up), ops.take(layer.output_kernel, block_expert, axis=0))
+         + _bias(layer, "output_bias", block_expert))
     y = ops.reshape(ops.take(ops.reshape(y, (capacity, -1)), slot, axis=0), (-1, k, width))
     if not scale_inputs:
         y = y * weights[..., None]

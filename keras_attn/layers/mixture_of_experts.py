@@ -16,6 +16,7 @@ from keras_attn._typing import Initializer
 from keras_attn._validation import check_positive_float, check_positive_int
 from keras_attn.layers import _moe_experts
 from keras_attn.layers._common import clone_initializer
+from keras_attn.layers._moe_experts import EXPERT_ACTIVATIONS
 from keras_attn.layers._moe_routing import (
     GROUPED_ROUTING,
     INPUT_SCALED_ROUTING,
@@ -33,20 +34,6 @@ IMPLEMENTATIONS = ("auto", "dense", "sparse")
 DENSE_UP_TO_EXPERTS = 4
 # Rows per block of the sparse dispatch (`_moe_experts`).
 SPARSE_BLOCK_ROWS = _moe_experts.SPARSE_BLOCK_ROWS
-
-
-# What each expert computes of its gate `g = x W_gate (+ b_gate)` and up `u = x W_up
-# (+ b_up)` projections before W_down: "gated", `activation(g) * u` (SwiGLU with "silu");
-# "gpt_oss_swiglu", gpt-oss's clamped SwiGLU (transformers' `GptOssExperts._apply_gate`).
-EXPERT_ACTIVATIONS = ("gated", "gpt_oss_swiglu")
-
-
-def gpt_oss_swiglu(gate, up, alpha, limit):
-    """gpt-oss's clamped SwiGLU: `g = min(g, limit)`, `u = clip(u, -limit, limit)`,
-    `(u + 1) * g * sigmoid(alpha * g)`."""
-    gate = ops.minimum(gate, limit)
-    up = ops.clip(up, -limit, limit)
-    return (up + 1.0) * gate * ops.sigmoid(alpha * gate)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -395,22 +382,6 @@ class MixtureOfExperts(keras.layers.Layer):
                                 ("output_bias", D)):
                 setattr(self, name, self.add_weight(shape=(E, width), name=name,
                                                     initializer="zeros"))
-
-    def _hidden(self, gate, up):
-        """An expert's hidden activations from its gate and up projections."""
-        if self.expert_activation == "gpt_oss_swiglu":
-            return gpt_oss_swiglu(gate, up, self.swiglu_alpha, self.swiglu_limit)
-        return self.activation(gate) * up
-
-    def _bias(self, name, experts=None):
-        """Expert bias `name` broadcast over the rows of each expert's `(E or blocks, rows,
-        width)` activations (`experts`: the block's expert of the sparse path), or 0."""
-        if not self.use_expert_bias:
-            return 0.0
-        bias = getattr(self, name)
-        if experts is not None:
-            bias = ops.take(bias, experts, axis=0)
-        return bias[:, None, :]
 
     def _build_shared_expert(self, D):
         S = self.shared_intermediate_dim
