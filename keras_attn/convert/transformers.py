@@ -313,15 +313,17 @@ def causal_lm_from_transformers(model_or_config: Any, state_dict: Mapping[str, A
                         "the head is its own weight)")
         head = _cross_check(entries, "lm_head.weight", (V, D), "(V, D)",
                             f"tie_word_embeddings=False, {sizes}")
-    lm = CausalLM(
-        V, D, [_block(spec, i, name=f"block_{i}", dtype=kwargs.get("dtype"))
-               for i in range(spec.num_layers)],
-        normalization=spec.normalization, layer_norm_epsilon=spec.epsilon,
-        tie_word_embeddings=spec.tie_word_embeddings, embedding_scale=spec.embedding_scale,
-        final_logit_soft_cap=spec.final_logit_soft_cap,
-        **({"logits_scaling": spec.logits_scaling} if spec.logits_scaling is not None else {}),
-        **_model_options(spec), source_config=_json_config(config), **kwargs)
-    plan = model_plan(entries, spec, lm, embedding, head)
-    entries.check_all_used()
+    with _common.deferred_variables():  # made without values: the checkpoint's are their first
+        lm = CausalLM(
+            V, D, [_block(spec, i, name=f"block_{i}", dtype=kwargs.get("dtype"))
+                   for i in range(spec.num_layers)],
+            normalization=spec.normalization, layer_norm_epsilon=spec.epsilon,
+            tie_word_embeddings=spec.tie_word_embeddings, embedding_scale=spec.embedding_scale,
+            final_logit_soft_cap=spec.final_logit_soft_cap,
+            **({"logits_scaling": spec.logits_scaling} if spec.logits_scaling is not None
+               else {}),
+            **_model_options(spec), source_config=_json_config(config), **kwargs)
+        plan = model_plan(entries, spec, lm, embedding, head)
+        entries.check_all_used()
     _common.assign(plan)
     return lm
