@@ -19,7 +19,9 @@ def observe_paths():
     """Count the paths chosen while inside: yields a `collections.Counter`.
 
     Path name ("explicit", "fused", "blockwise", and "cached" for a call
-    over a key/value cache; "streamed" for a `generate` with a streamer) -> the
+    over a key/value cache; "grouped" for a fused call that read grouped key/value
+    heads without repeating them, PyTorch's `enable_gqa`; "streamed" for a
+    `generate` with a streamer) -> the
     number of times it was chosen, at trace time under a compiler. Observers
     nest (each counts what happens inside it) and are scoped to the current
     context (thread, task).

@@ -24,8 +24,9 @@ from keras_attn._device.strategy import predict_on_one_replica
 from keras_attn._device.traced_step import TracedStep, trace_step
 
 __all__ = ["allow_tf32", "compile_inference", "describe", "devices", "disable_tf32",
-           "eager_compiler", "execution_mode", "gpu_available", "print_devices",
-           "single_cpu_thread_for_small_ops", "trace_step", "TracedStep", "value_and_grad"]
+           "eager_compiler", "execution_mode", "gpu_available", "grouped_dot_product_attention",
+           "print_devices", "projection_form", "single_cpu_thread_for_small_ops", "trace_step",
+           "TracedStep", "value_and_grad"]
 
 # The decoding step's tracer is defined in traced_step.py; registered here with the rest.
 _hooks.provide("trace_step")(trace_step)
@@ -55,6 +56,53 @@ def float64_dot_product_attention(query, key, value, *, bias=None, mask=None, sc
     out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale)
     return out.transpose(1, 2)  # (B, T, H, d_v)
+
+
+# How `_projection.project_heads` / `project_output` run the plain q/k/v/o projections:
+# "einsum" over the (in, H, d) kernel view or "matmul" over the 2-D kernel (the same
+# weights). Chosen by `python -m benchmarks.projection_forms` (interleaved medians of a
+# 4-layer D=512 Llama's prefill, decode and train step; the figures in
+# benchmarks/README.md, "Projections"). A backend not listed keeps "einsum".
+PROJECTION_FORMS = {"jax": "einsum", "tensorflow": "einsum", "torch": "einsum",
+                    "numpy": "einsum"}
+
+
+@_hooks.provide("projection_form")
+def projection_form():
+    """`"einsum"` or `"matmul"`: the measured faster form of the projections here."""
+    return PROJECTION_FORMS.get(_backend(), "einsum")
+
+
+@_hooks.provide("grouped_dot_product_attention")
+def grouped_dot_product_attention(query, key, value, *, bias=None, mask=None, scale=None,
+                                  is_causal=False):
+    """`ops.dot_product_attention` of `(B, T, H, d)` queries over `(B, S, H_kv, d)` keys and
+    values (H a multiple of H_kv), without repeating them: PyTorch's
+    `scaled_dot_product_attention(..., enable_gqa=True)` (torch 2.5 and later). None on
+    other backends and older torch: the caller repeats the keys and values."""
+    if _backend() != "torch":
+        return None
+    import torch
+
+    if not _torch_has_enable_gqa(torch.__version__):
+        return None
+    q, k, v = (keras.ops.convert_to_tensor(x) for x in (query, key, value))
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    q, k, v = (x.to(dtype).transpose(1, 2) for x in (q, k, v))  # (B, H|H_kv, L, d)
+    # torch's attn_mask: a bool mask (True: may attend) or an additive float bias.
+    attn_mask = bias if bias is not None else mask
+    if attn_mask is not None:
+        attn_mask = keras.ops.convert_to_tensor(attn_mask)
+        if attn_mask.dtype != torch.bool:
+            attn_mask = attn_mask.to(dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale, enable_gqa=True)
+    return out.transpose(1, 2)  # (B, T, H, d_v)
+
+
+def _torch_has_enable_gqa(version):
+    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    return (major, minor) >= (2, 5)
 
 
 @_hooks.provide("execution_mode")

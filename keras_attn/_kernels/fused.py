@@ -11,9 +11,11 @@ import math
 import keras
 from keras import ops
 
+from keras_attn import _hooks
 from keras_attn._float64 import dot_product_attention
 from keras_attn._kernels.common import zero_unattended_keys
 from keras_attn._masks import combine_masks, positional_mask
+from keras_attn._observe import record_path
 from keras_attn._shapes import static_shape, to_rank
 
 __all__ = ["fused_attention", "fused_attention_bthd"]
@@ -66,7 +68,8 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
     Keys that no query may attend are zeroed (`zero_unattended_keys`). A
     `sliding_window` and chunks (`attention_chunk_size`) are folded into the mask.
     Key/value heads fewer than the
-    query's (grouped heads) are repeated to match.
+    query's (grouped heads) are read in groups where the backend's kernel can
+    (`_attend`), repeated to match elsewhere.
     Half precision runs the kernel in float32 unless it is a GPU kernel that
     accumulates in float32 (`_kernel_keeps_half_precision`).
     `sinks` `(H,)`: attention sinks, exactly, as one more key after the others
@@ -110,8 +113,6 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
         allowed = to_rank(allowed, 4)
         keep = ops.any(allowed, axis=-1, keepdims=True)  # (B|1, H|1, T|1, 1)
         key, value = zero_unattended_keys(key, value, allowed, key_axis=1, group=group)
-    if group > 1:  # (B, S, H_kv, d) -> (B, S, H, d)
-        key, value = (ops.repeat(x, group, axis=2) for x in (key, value))
     if sinks is not None:
         key, value, allowed, bias = _with_sink_key(query, key, value, allowed, bias, sinks)
         keep = None  # every row may attend the sink
@@ -119,16 +120,35 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
         bias = ops.where(allowed, bias, _large_negative(query.dtype))
         if keep is not None:
             bias = ops.where(keep, bias, ops.zeros_like(bias))
-        output = dot_product_attention(query, key, value, bias=bias, scale=scale)
+        output = _attend(query, key, value, group, bias=bias, scale=scale)
     else:
         if keep is not None:
             allowed = ops.logical_or(allowed, ops.logical_not(keep))
-        output = dot_product_attention(
-            query, key, value, mask=allowed, scale=scale, is_causal=use_flag)
+        output = _attend(query, key, value, group, mask=allowed, scale=scale,
+                         is_causal=use_flag)
     if keep is not None:
         keep = ops.transpose(keep, (0, 2, 1, 3))  # (B|1, T|1, H|1, 1)
         output = output * ops.cast(keep, output.dtype)
     return ops.cast(output, out_dtype)
+
+
+def _attend(query, key, value, group, **kwargs):
+    """`dot_product_attention` of `(B, T, H, d)` queries over `(B, S, H / group, d)` keys and
+    values. Grouped heads (`group > 1`) go to the `"grouped_dot_product_attention"` hook
+    (`keras_attn._device`: PyTorch's SDPA with `enable_gqa=True`), which reads each
+    key/value head for its `group` query heads without copying it; where there is none
+    (other backends, an older torch) the keys and values are repeated to H heads. On
+    PyTorch the repeat (and the copies Keras makes for SDPA) measured 7.9 ms against
+    0.39 ms per layer for a decode step over 8192 cached positions (H=8, H_kv=2, d=64,
+    2 CPU threads), 66 against 31 ms for a T=512 causal forward and backward."""
+    if group > 1:
+        grouped = _hooks.get("grouped_dot_product_attention")
+        output = None if grouped is None else grouped(query, key, value, **kwargs)
+        if output is not None:
+            record_path("grouped")
+            return output
+        key, value = (ops.repeat(x, group, axis=2) for x in (key, value))  # (B, S, H, d)
+    return dot_product_attention(query, key, value, **kwargs)
 
 
 def _with_sink_key(query, key, value, allowed, bias, sinks):

@@ -10,13 +10,15 @@ d a head width, D_out the output width. The sublayers are plain
 import keras
 from keras import ops
 
+from keras_attn import _hooks
 from keras_attn.cache import positions
 from keras_attn.layers._common import clone_initializer
 from keras_attn.rotary import apply_rope
 
 __all__ = ["dense", "dense_config", "einsum_sums_in_float32", "full_width_norm", "gate",
-           "head_norm", "project_heads", "project_output", "qk_norm_layer", "query_positions",
-           "query_scale", "rope", "rope_heads", "set_dense_arguments", "value_norm"]
+           "head_norm", "project_heads", "project_output", "projection_form", "qk_norm_layer",
+           "query_positions", "query_scale", "rope", "rope_heads", "set_dense_arguments",
+           "value_norm"]
 
 _DENSE_ARGUMENTS = {f"{part}_{kind}": module
                     for kind, module in (("initializer", keras.initializers),
@@ -120,18 +122,33 @@ def einsum_sums_in_float32(x):
     return keras.backend.standardize_dtype(x.dtype) != "float16"
 
 
+def projection_form():
+    """How the plain projections run: `"einsum"` over the `(in, H, d)` view of the kernel,
+    or `"matmul"`, one GEMM over the 2-D kernel and a free reshape. The same weights
+    either way; which is faster depends on the backend (measured by
+    `python -m benchmarks.projection_forms`), so the `"projection_form"` hook (the
+    backend boundary's table of those measurements) decides; `"einsum"` without it."""
+    form = _hooks.get("projection_form")
+    return "einsum" if form is None else form()
+
+
 def project_heads(dense, x, heads, head_dim):
     """`dense(x)` `(B, L, in)` as `(B, L, heads, d)`.
 
     One einsum into the heads layout (as Keras's own MHA does with
-    `EinsumDense`). This measured faster than `Dense` + reshape in JAX's
-    compiled train step; the weights are the same. A LoRA or quantized
-    `Dense`, and float16 (`einsum_sums_in_float32`), go through `dense(x)`
-    and a reshape.
+    `EinsumDense`), or one matmul and a reshape (`projection_form`); the
+    weights are the same. A LoRA or quantized `Dense`, and float16
+    (`einsum_sums_in_float32`), go through `dense(x)` and a reshape.
     """
     if not _plain(dense) or not einsum_sums_in_float32(x):
         y = dense(x)  # (B, L, heads * d)
         return ops.reshape(y, (ops.shape(y)[0], ops.shape(y)[1], heads, head_dim))
+    if projection_form() == "matmul":
+        y = ops.matmul(x, dense.kernel)  # (B, L, heads * d)
+        if dense.bias is not None:
+            y = y + dense.bias
+        y = ops.reshape(y, (ops.shape(y)[0], ops.shape(y)[1], heads, head_dim))
+        return dense.activation(y)
     kernel = ops.reshape(dense.kernel, (dense.kernel.shape[0], heads, head_dim))
     y = ops.einsum("bli,ihd->blhd", x, kernel)
     if dense.bias is not None:
@@ -192,6 +209,12 @@ def project_output(dense, attended, heads, head_dim, heads_first=False):
             attended = ops.swapaxes(attended, 1, 2)  # (B, T, H, d_v)
         B, T = ops.shape(attended)[0], ops.shape(attended)[1]
         return dense(ops.reshape(attended, (B, T, heads * head_dim)))  # (B, T, D_out)
+    if projection_form() == "matmul":
+        if heads_first:
+            attended = ops.swapaxes(attended, 1, 2)  # (B, T, H, d_v)
+        B, T = ops.shape(attended)[0], ops.shape(attended)[1]
+        y = ops.matmul(ops.reshape(attended, (B, T, heads * head_dim)), dense.kernel)
+        return y if dense.bias is None else y + dense.bias  # (B, T, D_out)
     kernel = ops.reshape(dense.kernel, (heads, head_dim, -1))  # (H, d_v, D_out)
     y = ops.einsum("bhtd,hdo->bto" if heads_first else "bthd,hdo->bto", attended, kernel)
     if dense.bias is not None:

@@ -120,7 +120,9 @@ def test_cached_path_is_observed_on_every_implementation(implementation):
         _, cache = layer(x[:, :3], cache=layer.empty_cache(B, S_MAX), cache_update_index=0,
                          use_causal_mask=True)
         out, _ = layer(x[:, 3:4], cache=cache, cache_update_index=3, use_causal_mask=True)
-    assert taken == {"cached": 2, implementation: 2}
+    # PyTorch's fused path reads the grouped key/value heads without repeating them.
+    torch_fused = implementation == "fused" and keras.backend.backend() == "torch"
+    assert taken == {"cached": 2, implementation: 2, **({"grouped": 2} if torch_fused else {})}
     assert_close(out, full[:, 3:4], what=implementation, against=UNCACHED)
 
 
