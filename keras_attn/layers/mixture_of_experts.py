@@ -9,6 +9,7 @@ Mixture-of-Experts Layer"; the load-balancing loss of Fedus et al. 2021,
 from collections.abc import Callable
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._observe import record_path
@@ -28,10 +29,8 @@ from keras_attn.layers._moe_routing import (
 __all__ = ["MixtureOfExperts"]
 
 IMPLEMENTATIONS = ("auto", "dense", "sparse")
-# "auto" runs every expert on every token up to this many experts, the sparse dispatch
-# above it. A guess (the dense path is one einsum, the sparse one sorts and gathers),
-# not a measurement: the benchmark of issue 34 is to set it.
-DENSE_UP_TO_EXPERTS = 4
+# The rule `implementation="auto"` follows: `_moe_experts.chosen_path`.
+DENSE_UP_TO_EXPERTS = _moe_experts.DENSE_UP_TO_EXPERTS
 # Rows per block of the sparse dispatch (`_moe_experts`).
 SPARSE_BLOCK_ROWS = _moe_experts.SPARSE_BLOCK_ROWS
 
@@ -90,9 +89,13 @@ class MixtureOfExperts(keras.layers.Layer):
           against its expert's gathered weights; the outputs are gathered back. Every
           shape follows from the input's (`ceil(N k / b) + E` blocks of `b` rows), so
           JAX and TensorFlow compile it once per input shape.
-        - "auto": "dense" up to 4 experts, "sparse" above (a threshold not yet
-          measured). The path taken is recorded for `keras_attn.observe_paths()` as
-          "moe_dense" or "moe_sparse".
+        - "auto": "dense" up to 4 experts; also for up to 4 experts per chosen one
+          (`num_experts <= 4 * num_experts_per_tok`) over at most 256 tokens (known
+          when traced: a decode step, a short prompt) on PyTorch and JAX, where the
+          sparse path's sorting and gathering measured slower; "sparse" otherwise
+          (`DENSE_UP_TO_TOKENS`, measured by benchmarks/moe_paths.py). The path
+          taken is recorded for `keras_attn.observe_paths()` as "moe_dense" or
+          "moe_sparse".
 
     `routing="topk_softmax"` is gpt-oss's router (`GptOssTopKRouter`): the k largest
     logits `x W_router + b_router`, softmax over those k only (the same weights as
@@ -426,10 +429,10 @@ class MixtureOfExperts(keras.layers.Layer):
             weights = weights * ops.take(ops.cast(self.per_expert_scale, "float32"), indices)
         return weights, indices, probs
 
-    def _chosen_path(self):
-        if self.implementation != "auto":
-            return self.implementation
-        return "dense" if self.num_experts <= DENSE_UP_TO_EXPERTS else "sparse"
+    def _chosen_path(self, tokens=None):
+        """The path of a call over `tokens` (N, static; None: not known when traced)."""
+        return _moe_experts.chosen_path(self.implementation, self.num_experts,
+                                        self.num_experts_per_tok, tokens)
 
     def call(self, inputs, training=None, router_inputs=None):
         shape = ops.shape(inputs)
@@ -437,7 +440,9 @@ class MixtureOfExperts(keras.layers.Layer):
         weights, indices, probs = self.route(
             tokens if router_inputs is None else ops.reshape(router_inputs, (-1, shape[-1])))
         weights = ops.cast(weights, self.compute_dtype)
-        path = record_path("moe_" + self._chosen_path())
+        static = tuple(inputs.shape)[:-1]
+        count = None if None in static else int(np.prod(static))  # N, where it is static
+        path = record_path("moe_" + self._chosen_path(count))
         scale_inputs = self.routing in INPUT_SCALED_ROUTING  # Llama 4: w_e scales x
         experts = _moe_experts.dense if path == "moe_dense" else _moe_experts.sparse
         out = experts(self, tokens, weights, indices, scale_inputs)

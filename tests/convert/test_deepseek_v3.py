@@ -65,7 +65,11 @@ def test_the_paths_and_the_shared_expert_ablation(converted):
     assert all(isinstance(b.feed_forward, keras_attn.MixtureOfExperts) for b in blocks[1:])
     with keras_attn.observe_paths() as taken:
         out = keras.ops.convert_to_numpy(lm(ids))
-    assert taken.get("moe_sparse") == 2  # 8 experts: the sparse dispatch, once per mixture
+    # Once per mixture, on the path `auto` takes for 8 experts, top-2, over these tokens.
+    from keras_attn.layers import _moe_experts
+
+    path = _moe_experts.chosen_path("auto", 8, 2, int(np.prod(ids.shape)))
+    assert taken.get("moe_" + path) == 2, dict(taken)
     assert fc.relative_error(out, logits) <= fc.TOLERANCE
     dropped = type(lm).from_config(lm.get_config())
     dropped.set_weights(lm.get_weights())

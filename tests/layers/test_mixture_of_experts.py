@@ -68,11 +68,28 @@ def test_auto_picks_dense_for_few_experts_and_sparse_for_many():
         _layer(params)(x)
     assert taken == {"moe_dense": 1}
     g = rng(3)
-    many = keras_attn.MixtureOfExperts(num_experts=8, num_experts_per_tok=2,
+    many = keras_attn.MixtureOfExperts(num_experts=16, num_experts_per_tok=2,
                                        intermediate_dim=F)
     with keras_attn.observe_paths() as taken:
         many(randn(g, B, T, D))
-    assert taken == {"moe_sparse": 1}
+    assert taken == {"moe_sparse": 1}  # 8 experts per chosen one: sparse at any size
+
+
+def test_auto_picks_dense_for_few_tokens_where_it_measured_faster():
+    """Mixtral's shape (E=8, k=2): dense over at most 256 tokens on PyTorch and JAX
+    (benchmarks/moe_paths.py), sparse above and on TensorFlow and NumPy."""
+    from keras_attn.layers import _moe_experts
+
+    g = rng(4)
+    mixtral = keras_attn.MixtureOfExperts(num_experts=8, num_experts_per_tok=2,
+                                          intermediate_dim=F)
+    few = "dense" if keras.backend.backend() in ("torch", "jax") else "sparse"
+    for shape, expected in (((B, T, D), few), ((1, 257, D), "sparse")):
+        with keras_attn.observe_paths() as taken:
+            mixtral(randn(g, *shape))
+        assert taken == {"moe_" + expected: 1}, (shape, dict(taken))
+    assert _moe_experts.chosen_path("auto", 8, 2, None) == "sparse"  # N unknown when traced
+    assert _moe_experts.chosen_path("sparse", 8, 2, 4) == "sparse"
 
 
 def test_sparse_path_with_skewed_loads_and_many_blocks():
