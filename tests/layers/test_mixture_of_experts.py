@@ -62,6 +62,34 @@ def test_each_path_matches_reference(implementation, norm_topk_prob):
     assert_close(out, expected, what=implementation)
 
 
+@pytest.mark.parametrize("k, tokens", [(2, 1), (1, 3)])
+def test_fewer_copies_than_experts_gather_their_experts(k, tokens):
+    """A decode step's few token copies (N k < E) each read only their own expert
+    ("moe_gathered", inside the sparse path), = the float64 reference, outputs and the
+    gradient of the expert kernels."""
+    x, params = _problem(k=k)
+    x = x[:1, :tokens]
+    expected = moe_reference.mixture_of_experts(x, params, k, True)
+    layer = _layer(params, num_experts_per_tok=k, norm_topk_prob=True, implementation="sparse")
+    with keras_attn.observe_paths() as taken:
+        out = layer(x)
+    assert taken == {"moe_sparse": 1, "moe_gathered": 1}, dict(taken)
+    assert_close(out, expected, what=f"gathered k={k}")
+    if keras.backend.backend() == "numpy":
+        return
+    dense = _layer(params, num_experts_per_tok=k, norm_topk_prob=True, implementation="dense")
+
+    def loss(moe):
+        return lambda inputs, *kernels: keras.ops.sum(keras.ops.square(moe(inputs)))
+
+    kernels = ("gate_kernel", "intermediate_kernel", "output_kernel")
+    _, got = _device.value_and_grad(loss(layer), [x] + [getattr(layer, n) for n in kernels])
+    _, want = _device.value_and_grad(loss(dense), [x] + [getattr(dense, n) for n in kernels])
+    for name, a, b in zip(("x",) + kernels, got, want):
+        assert np.abs(to_numpy(b)).max() > 1e-3, name
+        assert_close(to_numpy(a), to_numpy(b), what=f"d loss / d {name}", quantity="gradient")
+
+
 def test_auto_picks_dense_for_few_experts_and_sparse_for_many():
     x, params = _problem()
     with keras_attn.observe_paths() as taken:
