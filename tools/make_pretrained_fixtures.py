@@ -41,6 +41,29 @@ CASES = {
     # holds them; and Qwen3-MoE's layout (mlp.experts.{e}.gate_proj/...), DeepSeek V3's too.
     "mixtral_sharded": ("mixtral", torch.float32, "20KB"),
     "qwen3_moe": ("qwen3_moe", torch.float32, "5GB"),
+    # Issue 36: every other model type the converters read, in its small case.
+    "mistral": ("mistral", torch.float32, "5GB"),
+    "qwen3": ("qwen3", torch.float32, "5GB"),
+    "gemma2_bfloat16": ("gemma2", torch.bfloat16, "5GB"),
+    "gemma": ("gemma", torch.float32, "5GB"),
+    "granite": ("granite", torch.float32, "5GB"),
+    "ministral": ("ministral", torch.float32, "5GB"),
+    "smollm3": ("smollm3", torch.float32, "5GB"),
+    "glm4": ("glm4", torch.float32, "5GB"),  # fused gate_up_proj
+    "ministral3": ("ministral3", torch.float32, "5GB"),
+    "gpt_oss_sharded": ("gpt_oss", torch.float32, "20KB"),
+    # Gemma 4's 26B-A4B-style variant: its attention (k = v, proportional RoPE, v_norm,
+    # the layer scalars) and the dense MLP beside the routed experts.
+    "gemma4_text_moe": ("gemma4_text_moe", torch.float32, "5GB"),
+    "deepseek_v3_sharded": ("deepseek_v3", torch.float32, "20KB"),
+    "olmo2": ("olmo2", torch.float32, "5GB"),
+    "olmo3_bfloat16": ("olmo3", torch.bfloat16, "5GB"),
+    "exaone4": ("exaone4", torch.float32, "5GB"),
+    "cohere2_sharded": ("cohere2", torch.float32, "10KB"),
+    "gpt2": ("gpt2", torch.float32, "5GB"),  # Conv1D weights, fused c_attn
+    "qwen3_5_text": ("qwen3_5_text", torch.float32, "5GB"),
+    "qwen3_next_bfloat16": ("qwen3_next", torch.bfloat16, "20KB"),  # sharded too
+    "llama4_text_bfloat16": ("llama4_text", torch.bfloat16, "5GB"),
 }
 
 
