@@ -345,16 +345,16 @@ def config_kwargs(name, small=False):
                 kwargs.pop(key, None)
         if kwargs.get("kv_lora_rank"):  # latent attention: every head its own key/value
             kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]
+        if kwargs.get("num_kv_shared_layers"):  # two layers: the second reuses the first's
+            kwargs["num_kv_shared_layers"] = 1
+        if kwargs.get("vocab_size_per_layer_input"):
+            kwargs["vocab_size_per_layer_input"] = SMALL["vocab_size"]
     params = kwargs.get("rope_parameters")
     if isinstance(params, dict) and params.get("rope_type") == "longrope":
         head_dim = kwargs.get("head_dim") or kwargs["hidden_size"] // kwargs["num_attention_heads"]
         half = int(head_dim * params.get("partial_rotary_factor", 1.0)) // 2
         kwargs["rope_parameters"] = {**params, "short_factor": params["short_factor"][:half],
                                      "long_factor": params["long_factor"][:half]}
-        if kwargs.get("num_kv_shared_layers"):  # two layers: the second reuses the first's
-            kwargs["num_kv_shared_layers"] = 1
-        if kwargs.get("vocab_size_per_layer_input"):
-            kwargs["vocab_size_per_layer_input"] = SMALL["vocab_size"]
     return kwargs
 
 

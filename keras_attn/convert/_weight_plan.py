@@ -120,8 +120,9 @@ def _attention_plan(entries, spec: ModelSpec, layer, sub="", check=_cross_check)
     return plan
 
 
-def _per_layer_embedding_plan(entries, spec, lm):
-    """The per-layer input embeddings' model weights (Gemma 4), or none."""
+def _per_layer_embedding_plan(entries, spec, lm, check=_cross_check):
+    """The per-layer input embeddings' model weights (Gemma 4), or none (`check` as for
+    `_attention_plan`: the writer's probe runs through it too)."""
     P = spec.per_layer_input_dim
     if not P:
         return []
@@ -129,12 +130,12 @@ def _per_layer_embedding_plan(entries, spec, lm):
     V_p = spec.per_layer_vocabulary_size or spec.vocabulary_size
     what = (f"vocab_size_per_layer_input={V_p}, num_hidden_layers={L}, "
             f"hidden_size_per_layer_input={P} (L * P = {L * P})")
-    table = _cross_check(entries, "model.embed_tokens_per_layer.weight", (V_p, L * P),
-                         "(V_p, L * P)", what)
-    projection = _cross_check(entries, "model.per_layer_model_projection.weight", (L * P, D),
-                              "(L * P, D)", f"{what}, hidden_size={D}")
-    norm = _cross_check(entries, "model.per_layer_projection_norm.weight", (P,), "(P,)",
-                        f"hidden_size_per_layer_input={P}")
+    table = check(entries, "model.embed_tokens_per_layer.weight", (V_p, L * P),
+                  "(V_p, L * P)", what)
+    projection = check(entries, "model.per_layer_model_projection.weight", (L * P, D),
+                       "(L * P, D)", f"{what}, hidden_size={D}")
+    norm = check(entries, "model.per_layer_projection_norm.weight", (P,), "(P,)",
+                 f"hidden_size_per_layer_input={P}")
     return [(lm.embed_tokens_per_layer.embeddings, table, "embed_tokens_per_layer weight"),
             (lm.per_layer_model_projection.kernel, projection.T,
              "per_layer_model_projection weight"),
@@ -247,7 +248,7 @@ def model_plan(entries, spec, lm, embedding, head, check=_cross_check):
     norm (`check` as for `_attention_plan`). keras_attn.convert.pretrained runs it backwards
     to write a checkpoint: one map both ways."""
     plan = [(lm.token_embedding.embeddings, embedding, "model.embed_tokens weight")]
-    plan += _per_layer_embedding_plan(entries, spec, lm)
+    plan += _per_layer_embedding_plan(entries, spec, lm, check)
     if spec.position_embeddings:  # learned absolute positions (GPT-2's wpe)
         N, D = spec.position_embeddings, lm.hidden_dim
         table = check(entries, "model.embed_positions.weight", (N, D), "(N, D)",

@@ -23,6 +23,7 @@ import pytest
 
 from keras_attn import CausalLM, convert
 from keras_attn.convert import families, pretrained
+from keras_attn.convert._transformers_config import read_config
 
 from .. import family_cases as fc
 
@@ -265,7 +266,7 @@ def test_source_config_survives_keras_save_and_load(tmp_path):
     assert again.source_config == stored
 
 
-def test_writing_refuses_what_it_cannot_write(tmp_path):
+def test_writing_refuses_what_it_cannot_write(tmp_path, monkeypatch):
     lm = convert.causal_lm_from_pretrained(os.path.join(HERE, "llama"))
     with pytest.raises(ValueError, match=r"`model_type` must be the source config's "
                                          r"\('llama'\). Received: model_type='qwen2'"):
@@ -276,9 +277,43 @@ def test_writing_refuses_what_it_cannot_write(tmp_path):
     with pytest.raises(ValueError, match=r"Received: source_config=None"):
         bare.save_pretrained(tmp_path)
     glm4 = convert.causal_lm_from_transformers(*_glm4_dict())
+    # A family whose reader renames or splits its weights, without the inverse: refused.
+    from keras_attn.convert.families import glm4 as glm4_family
+    monkeypatch.delattr(glm4_family, "checkpoint_state_dict")
     with pytest.raises(ValueError, match=r"not written yet.*Received: model_type='glm4'"):
         glm4.save_pretrained(tmp_path)
+    monkeypatch.undo()
+    # A family not written yet (`_NOT_WRITTEN`, empty today): refused by name.
+    monkeypatch.setattr(pretrained, "_NOT_WRITTEN", ("glm4",))
+    with pytest.raises(ValueError, match=r"not written yet.*Received: model_type='glm4'"):
+        glm4.save_pretrained(tmp_path)
+    monkeypatch.undo()  # (a quantized model: test_lora_round_trip.py)
     assert not os.listdir(tmp_path)  # refused before anything is written
+
+
+def test_cohere2_refuses_a_trained_layernorm_bias(tmp_path):
+    """Cohere's LayerNorm has no bias: the zero bias the reader gives keras_attn's
+    LayerNormalization is dropped when written, and refused by name once it is not zero."""
+    config = {"model_type": "cohere2", "vocab_size": 32, "hidden_size": 16,
+              "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 8, "sliding_window": 4,
+              "layer_types": ["full_attention"]}
+    shapes = {"model.embed_tokens.weight": (32, 16), "model.norm.weight": (16,)}
+    shapes.update({f"model.layers.0.{k}": v for k, v in {
+        "self_attn.q_proj.weight": (16, 16), "self_attn.k_proj.weight": (8, 16),
+        "self_attn.v_proj.weight": (8, 16), "self_attn.o_proj.weight": (16, 16),
+        "mlp.gate_proj.weight": (32, 16), "mlp.up_proj.weight": (32, 16),
+        "mlp.down_proj.weight": (16, 32), "input_layernorm.weight": (16,)}.items()})
+    lm = convert.causal_lm_from_transformers(
+        config, {k: np.ones(v, "float32") for k, v in shapes.items()})
+    lm.save_pretrained(tmp_path / "zero")  # the zero biases dropped
+    assert not [n for n in _saved_names(tmp_path / "zero") if n.endswith("bias")]
+    beta = lm.final_norm.weights[1]
+    beta.assign(beta + 0.5)
+    with pytest.raises(ValueError, match=r"'model.norm.bias' is not zero.*Received: "
+                                         r"max \|bias\|=0.5"):
+        lm.save_pretrained(tmp_path / "trained")
+    assert not (tmp_path / "trained").exists()
 
 
 def _glm4_dict():
@@ -300,7 +335,9 @@ def _glm4_dict():
 
 WRITTEN = ["llama", "gemma3_text", "qwen3", "granite", "phi3", "starcoder2", "olmo2",
            "exaone4", "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_text",
-           "qwen3_next", "llama4_text"]
+           "qwen3_next", "llama4_text",
+           # issue 36: inverses of their readers' renames and splits; Gemma 4's extra parts
+           "glm4", "cohere2", "gpt2", "gemma4_text", "gemma4_text_e2b", "gemma4_text_moe"]
 
 
 def _saved_names(folder):
@@ -312,7 +349,7 @@ def _saved_names(folder):
         return set(handle.keys())
 
 
-@pytest.mark.parametrize("name", WRITTEN + ["glm4", "cohere2", "gpt2", "gemma4_text"])
+@pytest.mark.parametrize("name", WRITTEN)
 def test_the_folder_transformers_writes_is_read(tmp_path, name):
     """Torch env: the folder transformers' own `save_pretrained` writes (the Hub's layout:
     a mixture's experts one module each, which transformers 5 fuses only in memory) is
@@ -327,6 +364,18 @@ def test_the_folder_transformers_writes_is_read(tmp_path, name):
     with torch.no_grad():
         theirs = hf(torch.from_numpy(ids).long()).logits.numpy()
     assert fc.relative_error(keras.ops.convert_to_numpy(lm(ids)), theirs) <= fc.TOLERANCE
+    # Written back, every tensor has the bytes transformers wrote (the round trip of
+    # test_folder_keras_folder_round_trip_is_bitwise, for every family written), but the
+    # `1 + w` norms' (Gemma 3, Qwen 3.5 / Next): w -> 1 + w -> w in float32 rounds.
+    lm.save_pretrained(tmp_path / "back")
+    original, written = _read_back(tmp_path), _read_back(tmp_path / "back")
+    assert sorted(written) == sorted(original)
+    offset = read_config(lm.source_config).norm_offset
+    for name in [n for n in original if written[n] != original[n]]:
+        assert offset and "norm" in name, name
+        w, back = (np.frombuffer(written_[2], "<f4") for written_ in (original[name],
+                                                                       written[name]))
+        assert np.all(np.abs(back - w) <= 2.0**-23 * (1 + np.abs(w))), name
 
 
 @pytest.mark.parametrize("name", WRITTEN)

@@ -7,7 +7,9 @@ frequencies: the GPT-J pairing) on the "sliding_attention" blocks only (the
 embeddings by default and the logits times `logit_scale`.
 
 Cohere's LayerNorm has no bias: a zero bias is given to keras_attn's LayerNormalization
-(exact), so the converted model's norms have a trainable bias that starts at zero.
+(exact), so the converted model's norms have a trainable bias that starts at zero. Writing
+a checkpoint (`checkpoint_state_dict`) drops those biases again, and refuses a model whose
+biases are no longer zero (trained): Cohere's checkpoint has no place for them.
 """
 
 import numpy as np
@@ -65,3 +67,20 @@ def canonical_state_dict(entries, spec):
                                  f"no bias, but state_dict has {bias!r}.")
             entries[bias] = np.zeros((spec.hidden_dim,), "float32")
     return entries
+
+
+def checkpoint_state_dict(tensors, spec):
+    """The inverse of `canonical_state_dict` (for writing a checkpoint): the LayerNorms'
+    biases dropped, each checked to be zero (a trained nonzero bias is refused, by name:
+    Cohere's LayerNorm has none, and dropping it would change the model)."""
+    out = {}
+    for key, value in tensors.items():
+        if key.endswith(("input_layernorm.bias", "model.norm.bias")):
+            if np.any(value != 0):
+                raise ValueError(
+                    f"Cohere's LayerNorm has no bias, but the model's {key!r} is not zero "
+                    f"(trained?): a Cohere 2 checkpoint cannot hold it. Received: "
+                    f"max |bias|={float(np.max(np.abs(value)))}")
+            continue
+        out[key] = value
+    return out

@@ -242,3 +242,11 @@ def canonical_state_dict(entries, spec):
             if key[len(prefix):].split(".")[0] in ("k_proj", "v_proj", "k_norm", "v_norm"):
                 entries.pop(key)
     return entries
+
+
+def checkpoint_state_dict(tensors, spec):
+    """The inverse of `canonical_state_dict` (for writing a checkpoint): the tensors as they
+    are. The KV-shared layers' `k_proj`, `v_proj`, `k_norm`, `v_norm` it drops are neither
+    in the model nor in what transformers writes (its shared layers have none), and every
+    other entry, the per-layer inputs' and the experts' included, keeps its name."""
+    return tensors

@@ -5,8 +5,11 @@ projections only (`attention_bias`), and a fused `gate_up_proj` split on load.
 
 transformers names the four norms of a block `input_layernorm`, `post_self_attn_layernorm`
 (after attention), `post_attention_layernorm` (before the MLP) and `post_mlp_layernorm`;
-they are renamed into the sandwich layout the converter maps (Gemma 2's names).
+they are renamed into the sandwich layout the converter maps (Gemma 2's names), and back
+(with `gate_up_proj` fused again) by `checkpoint_state_dict` when writing a checkpoint.
 """
+
+import numpy as np
 
 from keras_attn.convert._transformers_config import ModelSpec
 from keras_attn.convert.families import _shared
@@ -55,3 +58,25 @@ def canonical_state_dict(entries, spec):
                     break
         renamed[key] = value
     return _shared.split_gate_up(renamed, spec.intermediate_dim)
+
+
+def checkpoint_state_dict(tensors, spec):
+    """The inverse of `canonical_state_dict` (for writing a checkpoint): `gate_proj` and
+    `up_proj` fused back into `gate_up_proj` (gate rows first, as transformers' `chunk(2)`
+    splits them), the sandwich layout's norms under GLM-4's names."""
+    back = {new: old for old, new in _NORMS.items()}
+    out = {}
+    for key, value in tensors.items():
+        if key.endswith(".mlp.up_proj.weight"):
+            continue  # fused with its gate_proj below
+        if key.endswith(".mlp.gate_proj.weight"):
+            prefix = key[:-len("gate_proj.weight")]
+            out[prefix + "gate_up_proj.weight"] = np.concatenate(
+                [value, tensors[prefix + "up_proj.weight"]], axis=0)
+            continue
+        for new, old in back.items():
+            if f".{new}." in key:
+                key = key.replace(f".{new}.", f".{old}.")
+                break
+        out[key] = value
+    return out

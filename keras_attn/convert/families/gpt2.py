@@ -7,7 +7,9 @@ Its own names: `n_embd` (D), `n_head` (H), `n_layer`, `n_inner` (F, 4 D when Non
 `n_positions` (N), `layer_norm_epsilon`. Its weights are `Conv1D`s, stored `(in, out)`,
 and the query, key and value are one fused `c_attn` `(D, 3 D)`: `canonical_state_dict`
 splits it (cross-checked against `n_embd`) and renames everything into the Llama layout
-the converter maps, the position table as `model.embed_positions.weight`.
+the converter maps, the position table as `model.embed_positions.weight`;
+`checkpoint_state_dict` is its inverse (writing a checkpoint: `transformer.`-prefixed
+names, `c_attn` fused, `Conv1D` weights `(in, out)` again).
 `scale_attn_weights=False` (no 1/sqrt(d)) and `scale_attn_by_inverse_layer_idx` (the
 scale over `layer_idx + 1`) are reproduced with each block's attention `scale`.
 """
@@ -130,4 +132,41 @@ def canonical_state_dict(entries, spec):
                     value = _common.to_numpy(value, f"state_dict entry {key!r}").T
                 break
         out[prefix + rest] = value  # lm_head.weight; anything unknown is reported unused
+    return out
+
+
+def checkpoint_state_dict(tensors, spec):
+    """The inverse of `canonical_state_dict` (for writing a checkpoint): GPT-2's names under
+    `transformer.` (`lm_head.weight` where untied), q/k/v fused back into `c_attn` (columns
+    q, k, v, as `split(n_embd, dim=2)` reads them), every `Conv1D` weight `(in, out)`."""
+    import numpy as np
+
+    top = {new: "transformer." + old for old, new in _TOP.items()}
+    block = {new: old for old, new in _RENAMES.items() if old != "c_proj."}
+    out = {}
+    for key, value in tensors.items():
+        if key in top:
+            out[top[key]] = value
+            continue
+        if not key.startswith("model.layers."):
+            out[key] = value  # lm_head.weight
+            continue
+        index, rest = key[len("model.layers."):].split(".", 1)
+        prefix = f"transformer.h.{index}."
+        if rest.startswith(("self_attn.k_proj.", "self_attn.v_proj.")):
+            continue  # fused with its q_proj below
+        if rest.startswith("self_attn.q_proj."):
+            leaf = rest.rsplit(".", 1)[1]
+            parts = [tensors[f"model.layers.{index}.self_attn.{p}_proj.{leaf}"]
+                     for p in ("q", "k", "v")]
+            out[prefix + "attn.c_attn." + leaf] = np.concatenate(
+                [p.T for p in parts] if leaf == "weight" else parts, axis=-1)
+            continue
+        for new, old in block.items():
+            if rest.startswith(new):
+                if new.endswith("proj.") and rest.endswith("weight"):  # Conv1D: (in, out)
+                    value = value.T
+                rest = old + rest[len(new):]
+                break
+        out[prefix + rest] = value
     return out
