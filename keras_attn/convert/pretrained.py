@@ -404,7 +404,7 @@ def causal_lm_to_pretrained(lm, path: str | os.PathLike, model_type: str | None 
 
     Raises:
         ValueError: a quantized model, the model has no `source_config`, its family is not
-            written yet (glm4, gemma4_text and the attention-only ones), a
+            written (every model type the converters read is written today), a
             `model_type` other than the source's, or a bad `max_shard_size`.
     """
     from keras_attn.layers._common import check_not_quantized

@@ -1,13 +1,16 @@
 """`keras_attn.convert.causal_lm_from_pretrained`: Hugging Face checkpoint folders in, without torch.
 
 tests/assets/pretrained/<case>/ are folders written by transformers' `save_pretrained`
-(tools/make_pretrained_fixtures.py, torch env): Llama, Phi-3 (fused projections),
-StarCoder 2 (LayerNorm, biases), Gemma 3 in two shards with `model.safetensors.index.json`,
-Qwen 2 in bfloat16 and two shards, Mixtral (four shards) and Qwen3-MoE with one module per
-expert as transformers writes them (and the Hub holds them); each with `reference.npz`,
+(tools/make_pretrained_fixtures.py, torch env), one for every model type the converters
+read (27; `test_the_fixtures_are_small_and_complete` checks the set against
+`families.model_types()`): some in bfloat16, some sharded with
+`model.safetensors.index.json`, the MoE families with one module per expert as
+transformers writes them (and the Hub holds them); each with `reference.npz`,
 transformers' float32 logits and greedy tokens. They are read here on every backend with
-no torch or transformers; a subprocess proves neither is imported. The torch environment
-also writes a folder live.
+no torch or transformers; a subprocess proves neither is imported. On JAX and TensorFlow
+the greedy tokens are checked teacher-forced (the argmax at each stored position, one
+forward pass) instead of by `generate`, which would compile a decoding loop per family.
+The torch environment also writes a folder live.
 """
 
 import json
