@@ -100,6 +100,45 @@ def grouped_dot_product_attention(query, key, value, *, bias=None, mask=None, sc
     return out.transpose(1, 2)  # (B, T, H, d_v)
 
 
+@_hooks.provide("experts_by_loop")
+def experts_by_loop(tokens, weights, indices, num_experts, expert):
+    """The sparse experts of `MixtureOfExperts` as a loop over the experts that have rows
+    (transformers' `MixtralExperts.forward`): `expert(e, rows, routing_weights)` on each
+    expert's own token copies, summed back with `index_add_`. PyTorch run eagerly only:
+    None on other backends (their compiled programs need the static shapes of the block
+    dispatch) and inside a trace (`make_fx`, `torch.compile`: the row counts are data).
+
+    Why: the block dispatch pads each expert's rows to whole blocks and copies its expert's
+    weights for each block. Mixtral-shaped (E=8, k=2, D=512, F=1408) over 512 tokens that is
+    16 blocks of 128 rows (twice the rows) and 16 weight copies of 8.6 MB per layer; a
+    converted 4-layer Mixtral's prefill took 684 ms against transformers' 367 ms
+    (benchmarks/models.py --model mixtral, 2026-12-06)."""
+    if _backend() != "torch":
+        return None
+    import torch
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    if torch.compiler.is_compiling() or get_proxy_mode() is not None:
+        return None
+    tokens, weights, indices = (keras.ops.convert_to_tensor(x) for x in (tokens, weights, indices))
+    k = indices.shape[-1]
+    flat = indices.reshape(-1)  # (N k,): copy a is token a // k
+    with torch.no_grad():
+        order = torch.argsort(flat, stable=True)  # copies grouped by expert
+        counts = torch.bincount(flat, minlength=num_experts).tolist()
+    routing = weights.reshape(-1)
+    out = torch.zeros_like(tokens)
+    start = 0
+    for e, count in enumerate(counts):
+        if count == 0:
+            continue
+        copies = order[start:start + count]
+        start += count
+        rows = copies // k
+        out = out.index_add(0, rows, expert(e, tokens[rows], routing[copies]).to(out.dtype))
+    return out
+
+
 def _torch_has_enable_gqa(version):
     major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
     return (major, minor) >= (2, 5)

@@ -14,6 +14,7 @@ the `(N, D)` tokens, the `(N, k)` weights and int32 expert indices, and returns 
 import keras
 from keras import ops
 
+from keras_attn import _hooks
 from keras_attn._observe import record_path
 
 __all__ = ["EXPERT_ACTIVATIONS", "chosen_path", "dense", "gpt_oss_swiglu", "sparse"]
@@ -104,6 +105,20 @@ def dense(layer, tokens, weights, indices, scale_inputs=False):
     return ops.einsum("ne,end->nd", combine, expert_out)
 
 
+def _one_expert(layer, e, x, w, scale_inputs):
+    """Expert `e` (a Python int) on its `(R, D)` rows `x`, each copy's routing weight `w`
+    `(R,)`: its weighted `(R, D)` output. The kernels are indexed, not gathered (a view on
+    PyTorch)."""
+    if scale_inputs:
+        x = x * w[:, None]
+    bias = (lambda name: getattr(layer, name)[e]) if layer.use_expert_bias else (
+        lambda name: 0.0)
+    gate = ops.matmul(x, layer.gate_kernel[e]) + bias("gate_bias")
+    up = ops.matmul(x, layer.intermediate_kernel[e]) + bias("intermediate_bias")
+    y = ops.matmul(_hidden(layer, gate, up), layer.output_kernel[e]) + bias("output_bias")
+    return y if scale_inputs else y * w[:, None]
+
+
 def _gathered(layer, tokens, weights, indices, scale_inputs):
     """Fewer token copies than experts (a decode step: A = N k < E): each copy gathers its
     own expert's weights, so A experts are read, not E (dense) or A + E (the blocks).
@@ -138,6 +153,16 @@ def sparse(layer, tokens, weights, indices, scale_inputs=False):
     assignments = None if static_n is None else static_n * k  # A = N k
     if assignments is not None and assignments < E:
         return _gathered(layer, tokens, weights, indices, scale_inputs)
+    # PyTorch run eagerly: one plain matmul per expert over its own rows, no padding and
+    # no copy of its weights (the "experts_by_loop" hook of `keras_attn._device`; None
+    # elsewhere and when traced). Mixtral's 512-token forward on PyTorch: see that hook.
+    by_loop = _hooks.get("experts_by_loop")
+    if by_loop is not None:
+        out = by_loop(tokens, weights, indices, E,
+                      lambda e, x, w: _one_expert(layer, e, x, w, scale_inputs))
+        if out is not None:
+            record_path("moe_expert_loop")
+            return out
     rows = SPARSE_BLOCK_ROWS if assignments is None else max(
         1, min(SPARSE_BLOCK_ROWS, -(-assignments // E)))
     experts = ops.reshape(indices, (-1,))  # (A,) the expert of each token copy

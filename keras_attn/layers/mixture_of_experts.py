@@ -84,18 +84,21 @@ class MixtureOfExperts(keras.layers.Layer):
           routing weights, zero for the experts not chosen. Exact and simple; the
           cheaper one for a few experts.
         - "sparse": each token only through its k experts. The `N * k` token copies are
-          sorted by expert into blocks of at most 64 rows, one expert per block (each
+          sorted by expert into blocks of at most 256 rows, one expert per block (each
           expert's rows padded to whole blocks), and each block runs one batched matmul
           against its expert's gathered weights; the outputs are gathered back. Every
           shape follows from the input's (`ceil(N k / b) + E` blocks of `b` rows), so
-          JAX and TensorFlow compile it once per input shape.
+          JAX and TensorFlow compile it once per input shape. On PyTorch run eagerly,
+          a loop over the experts that have rows instead (transformers' form: each
+          expert's own rows, its weights not copied; "moe_expert_loop" is recorded
+          too); fewer copies than experts (a decode step) gather just their experts.
         - "auto": "dense" up to 4 experts; also for up to 4 experts per chosen one
           (`num_experts <= 4 * num_experts_per_tok`) over at most 256 tokens (known
           when traced: a decode step, a short prompt) on PyTorch and JAX, where the
           sparse path's sorting and gathering measured slower; "sparse" otherwise
           (`DENSE_UP_TO_TOKENS`, measured by benchmarks/moe_paths.py). The path
           taken is recorded for `keras_attn.observe_paths()` as "moe_dense" or
-          "moe_sparse".
+          "moe_sparse" (with "moe_gathered" or "moe_expert_loop" for the sparse forms).
 
     `routing="topk_softmax"` is gpt-oss's router (`GptOssTopKRouter`): the k largest
     logits `x W_router + b_router`, softmax over those k only (the same weights as

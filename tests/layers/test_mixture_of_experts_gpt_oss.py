@@ -14,6 +14,7 @@ from keras_attn.testing import gpt_oss_moe_reference as reference
 from keras_attn.testing.reference import numerical_gradient
 
 from .. import shapes
+from . import moe_forms
 from ..helpers import assert_close, randn, rng, to_numpy
 
 B, T, D = shapes.B, shapes.T, shapes.D
@@ -60,14 +61,14 @@ def _layer(params, **kwargs):
     return layer
 
 
-@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
 def test_each_path_matches_reference(implementation):
     x, params = _problem()
     expected = reference.mixture_of_experts(x, params, K, ALPHA, LIMIT)
-    layer = _layer(params, implementation=implementation)
-    with keras_attn.observe_paths() as taken:
+    layer = _layer(params, implementation=moe_forms.layer_arg(implementation))
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
         out = layer(x)
-    assert taken == {"moe_" + implementation: 1}
+    assert taken == moe_forms.paths(implementation), dict(taken)
     assert_close(out, expected, what=implementation)
 
 
@@ -101,13 +102,13 @@ def test_topk_softmax_equals_renormalised_softmax_topk_weights():
         np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
 def test_gradients_match_reference(implementation):
     if keras.backend.backend() == "numpy":
         pytest.skip("the NumPy backend cannot differentiate")
     x, params = _problem()
     probe = randn(rng(2), B, T, D)
-    layer = _layer(params, implementation=implementation)
+    layer = _layer(params, implementation=moe_forms.layer_arg(implementation))
     weights = [layer.router_kernel, layer.router_bias, layer.gate_kernel,
                layer.intermediate_kernel, layer.gate_bias, layer.intermediate_bias,
                layer.output_kernel, layer.output_bias]
@@ -115,7 +116,9 @@ def test_gradients_match_reference(implementation):
     def loss(x, *_):
         return keras.ops.sum(layer(x) * keras.ops.convert_to_tensor(probe))
 
-    value, grads = _device.value_and_grad(loss, [x, *weights])
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
+        value, grads = _device.value_and_grad(loss, [x, *weights])
+    assert all(taken[p] for p in moe_forms.paths(implementation)), dict(taken)
     args = {"x": x.astype(np.float64), **{n: p.astype(np.float64) for n, p in params.items()}}
 
     def f(**a):
@@ -154,7 +157,7 @@ def test_transformers_gpt_oss_mlp():
         expected = block(torch.tensor(x))[0].numpy().astype(np.float64)
     scale = np.abs(expected).max()
     for implementation in ("dense", "sparse"):
-        out = to_numpy(_layer(params, implementation=implementation)(x))
+        out = to_numpy(_layer(params, implementation=moe_forms.layer_arg(implementation))(x))
         assert np.abs(out - expected).max() <= 1e-5 * scale, implementation
     # Ablations against transformers: softmax over all experts, the clamp removed.
     for kwargs in (dict(routing="softmax_topk"), dict(swiglu_limit=1e9)):

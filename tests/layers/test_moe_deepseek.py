@@ -14,6 +14,7 @@ from keras_attn.testing import moe_reference
 from keras_attn.testing.reference import numerical_gradient
 
 from .. import shapes
+from . import moe_forms
 from ..helpers import assert_close, randn, rng, to_numpy
 
 B, T, D = shapes.B, shapes.T, shapes.D
@@ -76,7 +77,7 @@ def _far(a, b):
     return np.abs(np.asarray(a) - np.asarray(b)).max() > 0.05
 
 
-@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
 @pytest.mark.parametrize("norm_topk_prob", [True, False])
 def test_group_routing_and_shared_expert_match_reference(implementation, norm_topk_prob):
     x, params, bias = _problem()
@@ -95,14 +96,14 @@ def test_group_routing_and_shared_expert_match_reference(implementation, norm_to
             moe_reference.mixture_of_experts(x, routed, K, norm_topk_prob,
                                              grouping=_grouping(bias))):
         assert _far(expected, ablated)
-    layer = _layer(params, bias, norm_topk_prob=norm_topk_prob, implementation=implementation)
-    with keras_attn.observe_paths() as taken:
+    layer = _layer(params, bias, norm_topk_prob=norm_topk_prob, implementation=moe_forms.layer_arg(implementation))
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
         out = layer(x)
-    assert taken == {"moe_" + implementation: 1}
+    assert taken == moe_forms.paths(implementation), dict(taken)
     assert_close(out, expected, what=implementation)
 
 
-@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
 def test_sigmoid_gated_shared_expert_matches_reference(implementation):
     """Qwen3-Next's shared expert, `sigmoid(x W_sg) * shared(x)`, behind a softmax router."""
     x, params, _ = _problem(13, gated=True)
@@ -112,14 +113,14 @@ def test_sigmoid_gated_shared_expert_matches_reference(implementation):
     expected = moe_reference.mixture_of_experts(x, params, K, True)
     ungated = {n: p for n, p in params.items() if n != "shared_expert_gate"}
     assert _far(expected, moe_reference.mixture_of_experts(x, ungated, K, True))
-    layer = _layer(params, norm_topk_prob=True, implementation=implementation)
-    with keras_attn.observe_paths() as taken:
+    layer = _layer(params, norm_topk_prob=True, implementation=moe_forms.layer_arg(implementation))
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
         out = layer(x)
-    assert taken == {"moe_" + implementation: 1}
+    assert taken == moe_forms.paths(implementation), dict(taken)
     assert_close(out, expected, what=implementation)
 
 
-@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
 def test_gradients_match_reference(implementation):
     """Every trainable kernel (the shared expert's and its gate's included) and the input;
     the correction bias is a non-trainable weight read by the choice only."""
@@ -127,7 +128,7 @@ def test_gradients_match_reference(implementation):
         pytest.skip("the NumPy backend cannot differentiate")
     x, params, bias = _problem(13, gated=True)
     probe = randn(rng(2), B, T, D)
-    layer = _layer(params, bias, norm_topk_prob=True, implementation=implementation)
+    layer = _layer(params, bias, norm_topk_prob=True, implementation=moe_forms.layer_arg(implementation))
     assert not layer.router_correction_bias.trainable
     names = ["router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down",
              "shared_expert_gate"]
@@ -139,7 +140,9 @@ def test_gradients_match_reference(implementation):
     def loss(x, *_):
         return keras.ops.sum(layer(x) * keras.ops.convert_to_tensor(probe))
 
-    value, grads = _device.value_and_grad(loss, [x, *weights])
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
+        value, grads = _device.value_and_grad(loss, [x, *weights])
+    assert all(taken[p] for p in moe_forms.paths(implementation)), dict(taken)
     args = {"x": x.astype(np.float64), **{n: p.astype(np.float64) for n, p in params.items()}}
 
     def f(**a):
@@ -194,7 +197,7 @@ def test_transformers_deepseek_v3_moe(norm_topk_prob):
     scale = np.abs(expected).max()
     for implementation in ("dense", "sparse"):
         out = to_numpy(_layer(params, bias, norm_topk_prob=norm_topk_prob,
-                              shared_intermediate_dim=2 * F, implementation=implementation)(x))
+                              shared_intermediate_dim=2 * F, implementation=moe_forms.layer_arg(implementation))(x))
         assert np.abs(out - expected).max() <= 1e-5 * scale, implementation
     # Ablations: the correction bias ignored in the choice; the shared expert dropped.
     unbiased = to_numpy(_layer(params, 0 * bias, norm_topk_prob=norm_topk_prob,

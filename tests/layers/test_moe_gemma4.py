@@ -17,6 +17,7 @@ from keras_attn.testing import gemma4_moe_reference as reference
 from keras_attn.testing.reference import numerical_gradient
 
 from .. import shapes
+from . import moe_forms
 from ..helpers import assert_close, randn, rng, to_numpy
 
 B, T, D = shapes.B, shapes.T, shapes.D
@@ -88,23 +89,23 @@ def _moe_reference(x, y, params):
     return out.reshape(x.shape)
 
 
-@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
 def test_router_options_match_reference(implementation):
     x, y, params = _problem()
-    layer = _moe(params, implementation=implementation)
-    with keras_attn.observe_paths() as taken:
+    layer = _moe(params, implementation=moe_forms.layer_arg(implementation))
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
         out = layer(y, router_inputs=x)
-    assert taken == {"moe_" + implementation: 1}
+    assert taken == moe_forms.paths(implementation), dict(taken)
     assert_close(out, _moe_reference(x, y, params), what=implementation)
 
 
-@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
 def test_parallel_feed_forward_matches_reference(implementation):
     x, _, params = _problem()
-    layer = _parallel(params, implementation=implementation)
-    with keras_attn.observe_paths() as taken:
+    layer = _parallel(params, implementation=moe_forms.layer_arg(implementation))
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
         out = layer(x)
-    assert taken == {"moe_" + implementation: 1}
+    assert taken == moe_forms.paths(implementation), dict(taken)
     assert_close(out, reference.feed_forward(x, params, K, EPS), what=implementation)
 
 
@@ -132,20 +133,22 @@ def test_each_option_moves_the_output_far_past_tolerance():
     assert error > 1e-2, ("router on the normed input", error)
 
 
-@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
 def test_gradients_match_reference(implementation):
     if keras.backend.backend() == "numpy":
         pytest.skip("the NumPy backend cannot differentiate")
     x, y, params = _problem()
     probe = randn(rng(2), B, T, D)
-    layer = _moe(params, implementation=implementation)
+    layer = _moe(params, implementation=moe_forms.layer_arg(implementation))
     weights = [layer.router_kernel, layer.router_scale, layer.per_expert_scale,
                layer.gate_kernel, layer.intermediate_kernel, layer.output_kernel]
 
     def loss(x, y, *_):
         return keras.ops.sum(layer(y, router_inputs=x) * keras.ops.convert_to_tensor(probe))
 
-    value, grads = _device.value_and_grad(loss, [x, y, *weights])
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
+        value, grads = _device.value_and_grad(loss, [x, y, *weights])
+    assert all(taken[p] for p in moe_forms.paths(implementation)), dict(taken)
     args = {"x": x.astype(np.float64), "y": y.astype(np.float64),
             **{n: p.astype(np.float64) for n, p in params.items() if n in MOE_NAMES}}
 
@@ -285,7 +288,7 @@ def test_transformers_gemma4_router_and_experts():
     expected = expected.astype(np.float64).reshape(x.shape)
     scale = np.abs(expected).max()
     for implementation in ("dense", "sparse"):
-        out = to_numpy(_moe(params, implementation=implementation)(y, router_inputs=x))
+        out = to_numpy(_moe(params, implementation=moe_forms.layer_arg(implementation))(y, router_inputs=x))
         assert np.abs(out - expected).max() <= 1e-5 * scale, implementation
     dropped = to_numpy(_moe(params, use_per_expert_scale=False)(y, router_inputs=x))
     assert np.abs(dropped - expected).max() > 1e-2 * scale

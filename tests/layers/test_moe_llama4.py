@@ -15,6 +15,7 @@ from keras_attn.testing import moe_reference
 from keras_attn.testing.reference import numerical_gradient
 
 from .. import shapes
+from . import moe_forms
 from ..helpers import assert_close, randn, rng, to_numpy
 
 B, T, D = shapes.B, shapes.T, shapes.D
@@ -52,7 +53,7 @@ def _layer(params, k=1, **kwargs):
     return layer
 
 
-@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
 @pytest.mark.parametrize("k", [1, 2])
 def test_matches_the_reference(implementation, k):
     x, params = _problem()
@@ -61,20 +62,20 @@ def test_matches_the_reference(implementation, k):
     on_output = moe_reference.mixture_of_experts(x, params, k, False, grouping="llama4",
                                                  scale_output=True)
     assert np.abs(expected - on_output).max() > 0.05
-    layer = _layer(params, k, implementation=implementation)
-    with keras_attn.observe_paths() as taken:
+    layer = _layer(params, k, implementation=moe_forms.layer_arg(implementation))
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
         out = layer(x)
-    assert taken == {"moe_" + implementation: 1}
+    assert taken == moe_forms.paths(implementation), dict(taken)
     assert_close(out, expected, what=implementation)
 
 
-@pytest.mark.parametrize("implementation", ["dense", "sparse"])
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
 def test_gradients_match_reference(implementation):
     if keras.backend.backend() == "numpy":
         pytest.skip("the NumPy backend cannot differentiate")
     x, params = _problem(13)
     probe = randn(rng(2), B, T, D)
-    layer = _layer(params, 1, implementation=implementation)
+    layer = _layer(params, 1, implementation=moe_forms.layer_arg(implementation))
     names = ["router", "gate", "up", "down", "shared_gate", "shared_up", "shared_down"]
     weights = [layer.router_kernel, layer.gate_kernel, layer.intermediate_kernel,
                layer.output_kernel, layer.shared_gate_kernel, layer.shared_intermediate_kernel,
@@ -84,7 +85,9 @@ def test_gradients_match_reference(implementation):
     def loss(x, *_):
         return keras.ops.sum(layer(x) * keras.ops.convert_to_tensor(probe))
 
-    value, grads = _device.value_and_grad(loss, [x, *weights])
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
+        value, grads = _device.value_and_grad(loss, [x, *weights])
+    assert all(taken[p] for p in moe_forms.paths(implementation)), dict(taken)
     args = {"x": x.astype(np.float64), **{n: p.astype(np.float64) for n, p in params.items()}}
 
     def f(**a):
@@ -123,7 +126,7 @@ def test_transformers_llama4_text_moe():
         expected = block.eval()(torch.tensor(x).reshape(-1, D))[0].numpy().reshape(x.shape)
     scale = np.abs(expected).max()
     for implementation in ("dense", "sparse"):
-        out = to_numpy(_layer(params, 1, implementation=implementation)(x))
+        out = to_numpy(_layer(params, 1, implementation=moe_forms.layer_arg(implementation))(x))
         assert np.abs(out - expected).max() <= 1e-5 * scale, implementation
     on_output = moe_reference.mixture_of_experts(x, params, 1, False, grouping="llama4",
                                                  scale_output=True)
