@@ -5,6 +5,7 @@
     python -m benchmarks.models --json models.json
     python -m benchmarks.models --model mixtral          # the mixture-of-experts point
     python -m benchmarks.models --backend jax --quick --padded  # also B=8, mixed lengths
+    python -m benchmarks.models --batch 8                # prefill, generate, train at B=8
 
 Model `--model mixtral` (issue 34): the same sizes as a Mixtral (8 experts of SwiGLU
 1408, top-2, softmax over all experts then renormalised top-2, as transformers'
@@ -36,7 +37,8 @@ Equivalence first: each worker compares the prompt's logits with the driver's HF
 logits (max |diff| / max |HF|) and the greedy tokens with HF's; a contender that
 disagrees is reported as such and not timed.
 
-Figures (B=1, prompt P=512, N=128 new greedy tokens; train at B=4, T=512):
+Figures (B=1, prompt P=512, N=128 new greedy tokens; train at B=4, T=512; `--batch 8`:
+prefill and generate of 8 rows, row 0 the checked prompt, the train step at B=8):
 - prefill: one forward over the prompt (`predict_on_batch` for the Keras models,
   `torch.no_grad()` forward for HF);
 - generate: the whole `generate` of N tokens after the P-token prompt;
@@ -231,6 +233,10 @@ def worker(spec):
     folder, backend = spec["folder"], spec["backend"]
     reference = np.load(os.path.join(folder, "reference.npz"))
     prompt = reference["prompt"]
+    if spec.get("batch", 1) > 1:  # row 0 the reference prompt, the others seeded random
+        rest = np.random.default_rng(3).integers(1, spec["vocab"],
+                                                 (spec["batch"] - 1, prompt.shape[1]))
+        prompt = np.concatenate([prompt, rest]).astype(prompt.dtype)
     builders = {"keras_attn": _ours}
     try:
         import keras_hub  # noqa: F401
@@ -249,11 +255,11 @@ def worker(spec):
     for name, build in builders.items():
         print(f"[models] {backend}: building and checking {name}", file=sys.stderr, flush=True)
         contender = build(folder, spec)
-        logits = contender["logits"](prompt)
+        logits = contender["logits"](prompt)[:1]
         scale = float(np.max(np.abs(reference["logits"])))
         error = float(np.max(np.abs(logits - reference["logits"]))) / scale
         tokens = contender["generate"](prompt)  # also the warm-up (compiles on JAX, TF)
-        same = bool(np.array_equal(tokens, reference["tokens"]))
+        same = bool(np.array_equal(tokens[:1], reference["tokens"]))
         checks[name] = {"logits_rel_error": error, "tokens_equal": same}
         if error <= LOGITS_TOLERANCE and same:
             contender["train"]()  # warm-up
@@ -304,7 +310,8 @@ def table(results, spec):
            if spec.get("model") == "mixtral" else "")
     lines = [f"{spec.get('model', 'llama').capitalize()}: vocabulary {spec['vocab']}, "
              f"D={spec['dim']}, {spec['layers']} layers, "
-             f"H={spec['heads']}/{spec['kv_heads']}, FFN {spec['ffn']}{moe}, float32; B=1, prompt "
+             f"H={spec['heads']}/{spec['kv_heads']}, FFN {spec['ffn']}{moe}, float32; "
+             f"B={spec.get('batch', 1)}, prompt "
              f"{spec['prompt']}, {spec['new']} greedy tokens; train B={spec['train_batch']}; "
              f"ms, medians of {spec['rounds']} interleaved rounds", "",
              "| backend | contender | logits rel. error | tokens | prefill | decode / token "
@@ -344,6 +351,9 @@ def main(argv=None):
                        json_help="write the results here")
     parser.add_argument("--model", choices=sorted(MODELS), default="llama",
                         help="the architecture (default llama; mixtral: 8 experts, top-2)")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="B of the prefill and generate, and of the train step when "
+                        "above 1 (default 1; the train step then at B=4)")
     parser.add_argument("--padded", action="store_true",
                         help="also time keras_attn's generate of a padded B=8 batch")
     args = parser.parse_args(argv)
@@ -353,6 +363,11 @@ def main(argv=None):
     if args.rounds:
         spec["rounds"] = args.rounds
     spec["padded"] = args.padded
+    if args.batch < 1:
+        parser.error(f"--batch must be at least 1. Received: --batch {args.batch}")
+    spec["batch"] = args.batch
+    if args.batch > 1:
+        spec["train_batch"] = args.batch
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         print("[models] building the transformers checkpoint ...", file=sys.stderr, flush=True)

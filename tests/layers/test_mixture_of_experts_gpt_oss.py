@@ -14,8 +14,8 @@ from keras_attn.testing import gpt_oss_moe_reference as reference
 from keras_attn.testing.reference import numerical_gradient
 
 from .. import shapes
-from . import moe_forms
 from ..helpers import assert_close, randn, rng, to_numpy
+from . import moe_forms
 
 B, T, D = shapes.B, shapes.T, shapes.D
 E, K, F = 4, 2, 6
@@ -157,7 +157,7 @@ def test_transformers_gpt_oss_mlp():
         expected = block(torch.tensor(x))[0].numpy().astype(np.float64)
     scale = np.abs(expected).max()
     for implementation in ("dense", "sparse"):
-        out = to_numpy(_layer(params, implementation=moe_forms.layer_arg(implementation))(x))
+        out = to_numpy(_layer(params, implementation=implementation)(x))
         assert np.abs(out - expected).max() <= 1e-5 * scale, implementation
     # Ablations against transformers: softmax over all experts, the clamp removed.
     for kwargs in (dict(routing="softmax_topk"), dict(swiglu_limit=1e9)):

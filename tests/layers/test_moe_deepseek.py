@@ -14,8 +14,8 @@ from keras_attn.testing import moe_reference
 from keras_attn.testing.reference import numerical_gradient
 
 from .. import shapes
-from . import moe_forms
 from ..helpers import assert_close, randn, rng, to_numpy
+from . import moe_forms
 
 B, T, D = shapes.B, shapes.T, shapes.D
 E, K, F, S = 8, 2, 6, 10
@@ -96,7 +96,8 @@ def test_group_routing_and_shared_expert_match_reference(implementation, norm_to
             moe_reference.mixture_of_experts(x, routed, K, norm_topk_prob,
                                              grouping=_grouping(bias))):
         assert _far(expected, ablated)
-    layer = _layer(params, bias, norm_topk_prob=norm_topk_prob, implementation=moe_forms.layer_arg(implementation))
+    layer = _layer(params, bias, norm_topk_prob=norm_topk_prob,
+                   implementation=moe_forms.layer_arg(implementation))
     with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
         out = layer(x)
     assert taken == moe_forms.paths(implementation), dict(taken)
@@ -197,7 +198,7 @@ def test_transformers_deepseek_v3_moe(norm_topk_prob):
     scale = np.abs(expected).max()
     for implementation in ("dense", "sparse"):
         out = to_numpy(_layer(params, bias, norm_topk_prob=norm_topk_prob,
-                              shared_intermediate_dim=2 * F, implementation=moe_forms.layer_arg(implementation))(x))
+                              shared_intermediate_dim=2 * F, implementation=implementation)(x))
         assert np.abs(out - expected).max() <= 1e-5 * scale, implementation
     # Ablations: the correction bias ignored in the choice; the shared expert dropped.
     unbiased = to_numpy(_layer(params, 0 * bias, norm_topk_prob=norm_topk_prob,

@@ -17,8 +17,8 @@ from keras_attn.testing import gemma4_moe_reference as reference
 from keras_attn.testing.reference import numerical_gradient
 
 from .. import shapes
-from . import moe_forms
 from ..helpers import assert_close, randn, rng, to_numpy
+from . import moe_forms
 
 B, T, D = shapes.B, shapes.T, shapes.D
 E, K, F, F_DENSE = 4, 2, 6, 12
@@ -288,7 +288,7 @@ def test_transformers_gemma4_router_and_experts():
     expected = expected.astype(np.float64).reshape(x.shape)
     scale = np.abs(expected).max()
     for implementation in ("dense", "sparse"):
-        out = to_numpy(_moe(params, implementation=moe_forms.layer_arg(implementation))(y, router_inputs=x))
+        out = to_numpy(_moe(params, implementation=implementation)(y, router_inputs=x))
         assert np.abs(out - expected).max() <= 1e-5 * scale, implementation
     dropped = to_numpy(_moe(params, use_per_expert_scale=False)(y, router_inputs=x))
     assert np.abs(dropped - expected).max() > 1e-2 * scale

@@ -15,8 +15,8 @@ from keras_attn.testing import moe_reference
 from keras_attn.testing.reference import numerical_gradient
 
 from .. import shapes
-from . import moe_forms
 from ..helpers import assert_close, randn, rng, to_numpy
+from . import moe_forms
 
 B, T, D = shapes.B, shapes.T, shapes.D
 E, F = 8, 6  # the shared expert is F wide too (Llama 4's intermediate_size for both)
@@ -126,7 +126,7 @@ def test_transformers_llama4_text_moe():
         expected = block.eval()(torch.tensor(x).reshape(-1, D))[0].numpy().reshape(x.shape)
     scale = np.abs(expected).max()
     for implementation in ("dense", "sparse"):
-        out = to_numpy(_layer(params, 1, implementation=moe_forms.layer_arg(implementation))(x))
+        out = to_numpy(_layer(params, 1, implementation=implementation)(x))
         assert np.abs(out - expected).max() <= 1e-5 * scale, implementation
     on_output = moe_reference.mixture_of_experts(x, params, 1, False, grouping="llama4",
                                                  scale_output=True)
