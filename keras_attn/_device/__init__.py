@@ -100,43 +100,63 @@ def grouped_dot_product_attention(query, key, value, *, bias=None, mask=None, sc
     return out.transpose(1, 2)  # (B, T, H, d_v)
 
 
-@_hooks.provide("experts_by_loop")
-def experts_by_loop(tokens, weights, indices, num_experts, expert):
-    """The sparse experts of `MixtureOfExperts` as a loop over the experts that have rows
-    (transformers' `MixtralExperts.forward`): `expert(e, rows, routing_weights)` on each
-    expert's own token copies, summed back with `index_add_`. PyTorch run eagerly only:
-    None on other backends (their compiled programs need the static shapes of the block
-    dispatch) and inside a trace (`make_fx`, `torch.compile`: the row counts are data).
+@_hooks.provide("grouped_matmul")
+def grouped_matmul(x, weights, ends):
+    """`(A, N)`: rows `x` `(A, K)` sorted by group times their group's `weights` `(G, K, N)`,
+    `ends` int32 `(G,)` the end of each group's rows (a cumulative count). PyTorch on a CPU
+    only, in float32 or bfloat16: `torch._grouped_mm`, which reads each group's weights in
+    place (transformers 5 runs its experts through it); inside a trace (`make_fx`, the
+    decoding step of `CausalLM.generate`) the same kernel as the custom op
+    `keras_attn::grouped_mm`, since the fake-tensor rule of `torch._grouped_mm` refuses
+    float32. None elsewhere, and for rows that are not a multiple of 16 bytes (the
+    kernel's rule): the caller's own form. Not on a GPU, whose kernel needs bfloat16 and
+    more alignment (not measured here).
 
-    Why: the block dispatch pads each expert's rows to whole blocks and copies its expert's
-    weights for each block. Mixtral-shaped (E=8, k=2, D=512, F=1408) over 512 tokens that is
-    16 blocks of 128 rows (twice the rows) and 16 weight copies of 8.6 MB per layer; a
-    converted 4-layer Mixtral's prefill took 684 ms against transformers' 367 ms
-    (benchmarks/models.py --model mixtral, 2026-12-06)."""
+    Why: a `MixtureOfExperts` step that gathers its experts' weights copies them first.
+    Mixtral-shaped (E=8, k=2, D=512, F=1408), a decode step copied 2 experts' 8.6 MB per
+    layer (`index_select`, 5.0 of 17.98 ms per token, 1.26x transformers), and the
+    sorted blocks of a 512-token prefill copied 16 (684 against transformers' 367 ms).
+    """
     if _backend() != "torch":
         return None
     import torch
+
+    op = _torch_grouped_mm()
+    x, weights, ends = (keras.ops.convert_to_tensor(a) for a in (x, weights, ends))
+    if (op is None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16)
+            or weights.dtype != x.dtype
+            # its kernel's rule: every row of x and of each group's weights a multiple of 16
+            # bytes ("strides should be multiple of 16 bytes" otherwise)
+            or (x.shape[-1] * x.element_size()) % 16 or (weights.shape[-1] * x.element_size()) % 16):
+        return None
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-    if torch.compiler.is_compiling() or get_proxy_mode() is not None:
+    x, weights, ends = x.contiguous(), weights.contiguous(), ends.to(torch.int32)
+    if get_proxy_mode() is not None or torch.compiler.is_compiling():
+        return op(x, weights, ends)
+    return torch._grouped_mm(x, weights, offs=ends)  # with its own gradient
+
+
+_GROUPED_MM = []
+
+
+def _torch_grouped_mm():
+    """The custom op `keras_attn::grouped_mm` (made once), or None without `torch._grouped_mm`."""
+    import torch
+
+    if not hasattr(torch, "_grouped_mm"):
         return None
-    tokens, weights, indices = (keras.ops.convert_to_tensor(x) for x in (tokens, weights, indices))
-    k = indices.shape[-1]
-    flat = indices.reshape(-1)  # (N k,): copy a is token a // k
-    with torch.no_grad():
-        order = torch.argsort(flat, stable=True)  # copies grouped by expert
-        counts = torch.bincount(flat, minlength=num_experts).tolist()
-    routing = weights.reshape(-1)
-    out = torch.zeros_like(tokens)
-    start = 0
-    for e, count in enumerate(counts):
-        if count == 0:
-            continue
-        copies = order[start:start + count]
-        start += count
-        rows = copies // k
-        out = out.index_add(0, rows, expert(e, tokens[rows], routing[copies]).to(out.dtype))
-    return out
+    if not _GROUPED_MM:
+        @torch.library.custom_op("keras_attn::grouped_mm", mutates_args=())
+        def grouped_mm(x: torch.Tensor, weights: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+            return torch._grouped_mm(x, weights, offs=ends)
+
+        @grouped_mm.register_fake
+        def _(x, weights, ends):
+            return x.new_empty((x.shape[0], weights.shape[2]))
+
+        _GROUPED_MM.append(grouped_mm)
+    return _GROUPED_MM[0]
 
 
 def _torch_has_enable_gqa(version):

@@ -105,18 +105,34 @@ def dense(layer, tokens, weights, indices, scale_inputs=False):
     return ops.einsum("ne,end->nd", combine, expert_out)
 
 
-def _one_expert(layer, e, x, w, scale_inputs):
-    """Expert `e` (a Python int) on its `(R, D)` rows `x`, each copy's routing weight `w`
-    `(R,)`: its weighted `(R, D)` output. The kernels are indexed, not gathered (a view on
-    PyTorch)."""
-    if scale_inputs:
-        x = x * w[:, None]
-    bias = (lambda name: getattr(layer, name)[e]) if layer.use_expert_bias else (
-        lambda name: 0.0)
-    gate = ops.matmul(x, layer.gate_kernel[e]) + bias("gate_bias")
-    up = ops.matmul(x, layer.intermediate_kernel[e]) + bias("intermediate_bias")
-    y = ops.matmul(_hidden(layer, gate, up), layer.output_kernel[e]) + bias("output_bias")
-    return y if scale_inputs else y * w[:, None]
+def _grouped(layer, tokens, weights, indices, scale_inputs):
+    """The `N * k` token copies sorted by expert, each projection one grouped matmul (the
+    "grouped_matmul" hook), the outputs put back in order; None where the hook declines."""
+    grouped = _hooks.get("grouped_matmul")
+    E, k = layer.num_experts, layer.num_experts_per_tok
+    experts = ops.reshape(indices, (-1,))  # (A,) the expert of each token copy
+    order = ops.cast(ops.argsort(experts), "int32")  # copies sorted by expert
+    sorted_experts = ops.take(experts, order)
+    ends = ops.cumsum(ops.sum(ops.one_hot(experts, E, dtype="int32"), axis=0))  # (E,)
+    copies = ops.take(tokens, order // k, axis=0)  # sorted copy i is token order[i] // k
+    if scale_inputs:  # copy i scaled by its own weight before its expert
+        copies = copies * ops.take(ops.reshape(weights, (-1,)), order)[:, None]
+    gate = grouped(copies, layer.gate_kernel, ends)
+    if gate is None:
+        return None
+    record_path("moe_grouped")
+
+    def bias(name):  # each row's expert bias, or 0
+        return ops.take(getattr(layer, name), sorted_experts, axis=0) if layer.use_expert_bias else 0.0
+
+    gate = gate + bias("gate_bias")
+    up = grouped(copies, layer.intermediate_kernel, ends) + bias("intermediate_bias")
+    y = grouped(_hidden(layer, gate, up), layer.output_kernel, ends) + bias("output_bias")
+    y = ops.take(y, ops.cast(ops.argsort(order), "int32"), axis=0)  # (A, D) in copy order
+    y = ops.reshape(y, (-1, k, tokens.shape[-1]))
+    if not scale_inputs:
+        y = y * weights[..., None]
+    return ops.sum(y, axis=1)  # (N, D)
 
 
 def _gathered(layer, tokens, weights, indices, scale_inputs):
@@ -151,18 +167,15 @@ def sparse(layer, tokens, weights, indices, scale_inputs=False):
     E, k = layer.num_experts, layer.num_experts_per_tok
     static_n = tokens.shape[0]
     assignments = None if static_n is None else static_n * k  # A = N k
+    # PyTorch on a CPU: one grouped matmul per projection over the copies sorted by expert,
+    # each expert's weights read in place (the "grouped_matmul" hook of `keras_attn._device`;
+    # None elsewhere). Eagerly and in the traced decoding step alike.
+    if _hooks.get("grouped_matmul") is not None:
+        out = _grouped(layer, tokens, weights, indices, scale_inputs)
+        if out is not None:
+            return out
     if assignments is not None and assignments < E:
         return _gathered(layer, tokens, weights, indices, scale_inputs)
-    # PyTorch run eagerly: one plain matmul per expert over its own rows, no padding and
-    # no copy of its weights (the "experts_by_loop" hook of `keras_attn._device`; None
-    # elsewhere and when traced). Mixtral's 512-token forward on PyTorch: see that hook.
-    by_loop = _hooks.get("experts_by_loop")
-    if by_loop is not None:
-        out = by_loop(tokens, weights, indices, E,
-                      lambda e, x, w: _one_expert(layer, e, x, w, scale_inputs))
-        if out is not None:
-            record_path("moe_expert_loop")
-            return out
     rows = SPARSE_BLOCK_ROWS if assignments is None else max(
         1, min(SPARSE_BLOCK_ROWS, -(-assignments // E)))
     experts = ops.reshape(indices, (-1,))  # (A,) the expert of each token copy

@@ -88,17 +88,20 @@ class MixtureOfExperts(keras.layers.Layer):
           expert's rows padded to whole blocks), and each block runs one batched matmul
           against its expert's gathered weights; the outputs are gathered back. Every
           shape follows from the input's (`ceil(N k / b) + E` blocks of `b` rows), so
-          JAX and TensorFlow compile it once per input shape. On PyTorch run eagerly,
-          a loop over the experts that have rows instead (transformers' form: each
-          expert's own rows, its weights not copied; "moe_expert_loop" is recorded
-          too); fewer copies than experts (a decode step) gather just their experts.
+          JAX and TensorFlow compile it once per input shape; fewer copies than
+          experts (a decode step) gather just their experts' weights instead. On
+          PyTorch (CPU), one grouped matmul per projection over the copies sorted by
+          expert (`torch._grouped_mm`, as transformers 5 runs its experts: each
+          expert's weights read in place, no padded rows; "moe_grouped" is recorded
+          too), eagerly and in the traced decoding step, where the rows are a multiple
+          of 16 bytes (the kernel's rule; else the forms above).
         - "auto": "dense" up to 4 experts; also for up to 4 experts per chosen one
           (`num_experts <= 4 * num_experts_per_tok`) over at most 256 tokens (known
           when traced: a decode step, a short prompt) on PyTorch and JAX, where the
           sparse path's sorting and gathering measured slower; "sparse" otherwise
           (`DENSE_UP_TO_TOKENS`, measured by benchmarks/moe_paths.py). The path
           taken is recorded for `keras_attn.observe_paths()` as "moe_dense" or
-          "moe_sparse" (with "moe_gathered" or "moe_expert_loop" for the sparse forms).
+          "moe_sparse" (with "moe_gathered" or "moe_grouped" for the sparse forms).
 
     `routing="topk_softmax"` is gpt-oss's router (`GptOssTopKRouter`): the k largest
     logits `x W_router + b_router`, softmax over those k only (the same weights as

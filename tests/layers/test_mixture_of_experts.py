@@ -3,23 +3,22 @@ the load-balancing loss), with routers whose top-k margins are asserted far from
 transformers' `MixtralSparseMoeBlock` and `Qwen3MoeSparseMoeBlock` with the same random
 weights; configs, a `.keras` round trip inside a decoder block, and bad arguments."""
 
-import contextlib
-
 import keras
 import numpy as np
 import pytest
 
 import keras_attn
-from keras_attn import _device, _hooks
+from keras_attn import _device
 from keras_attn.layers.mixture_of_experts import load_balancing_loss
 from keras_attn.testing import moe_reference
 from keras_attn.testing.reference import numerical_gradient
 
 from .. import shapes
 from ..helpers import assert_close, randn, rng, to_numpy
+from . import moe_forms
 
 B, T, D = shapes.B, shapes.T, shapes.D
-E, K, F = 4, 2, 6
+E, K, F = 4, 2, 8
 MARGIN = 1e-2
 
 
@@ -48,48 +47,26 @@ def _layer(params, **kwargs):
     return layer
 
 
-@contextlib.contextmanager
-def _forms(form):
-    """The sparse path's form: "blocks" (the expert loop hook turned off) or the
-    default, which on PyTorch run eagerly is the loop over experts."""
-    if form != "blocks":
-        yield
-        return
-    loop = _hooks.get("experts_by_loop")
-    _hooks.set("experts_by_loop", None)
-    try:
-        yield
-    finally:
-        _hooks.set("experts_by_loop", loop)
-
-
-# (implementation, form, the paths `observe_paths` records): the sparse path runs as a
-# loop over the experts on PyTorch (eagerly) and as sorted blocks elsewhere; "blocks"
-# forces the blocks on PyTorch too.
-_SPARSE_LOOP = keras.backend.backend() == "torch"
-PATHS = [("dense", None, {"moe_dense": 1}),
-         ("sparse", None, {"moe_sparse": 1, **({"moe_expert_loop": 1} if _SPARSE_LOOP else {})}),
-         ("sparse", "blocks", {"moe_sparse": 1})]
-
-
-@pytest.mark.parametrize("implementation, form, paths", PATHS)
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
 @pytest.mark.parametrize("norm_topk_prob", [True, False])
-def test_each_path_matches_reference(implementation, form, paths, norm_topk_prob):
+def test_each_path_matches_reference(implementation, norm_topk_prob):
     x, params = _problem()
     expected = moe_reference.mixture_of_experts(x, params, K, norm_topk_prob)
     flipped = moe_reference.mixture_of_experts(x, params, K, not norm_topk_prob)
     top1 = moe_reference.mixture_of_experts(x, params, 1, norm_topk_prob)
     # The ablations move the numbers far past the float32 tolerance.
     assert np.abs(expected - flipped).max() > 0.05 and np.abs(expected - top1).max() > 0.05
-    layer = _layer(params, norm_topk_prob=norm_topk_prob, implementation=implementation)
-    with keras_attn.observe_paths() as taken, _forms(form):
+    layer = _layer(params, norm_topk_prob=norm_topk_prob,
+                   implementation=moe_forms.layer_arg(implementation))
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
         out = layer(x)
-    assert taken == paths, dict(taken)
-    assert_close(out, expected, what=f"{implementation} {form}")
+    assert taken == moe_forms.paths(implementation), dict(taken)
+    assert_close(out, expected, what=implementation)
 
 
 @pytest.mark.parametrize("k, tokens", [(2, 1), (1, 3)])
-def test_fewer_copies_than_experts_gather_their_experts(k, tokens):
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS[1:])
+def test_fewer_copies_than_experts_gather_their_experts(k, tokens, implementation):
     """A decode step's few token copies (N k < E) each read only their own expert
     ("moe_gathered", inside the sparse path), = the float64 reference, outputs and the
     gradient of the expert kernels."""
@@ -97,9 +74,9 @@ def test_fewer_copies_than_experts_gather_their_experts(k, tokens):
     x = x[:1, :tokens]
     expected = moe_reference.mixture_of_experts(x, params, k, True)
     layer = _layer(params, num_experts_per_tok=k, norm_topk_prob=True, implementation="sparse")
-    with keras_attn.observe_paths() as taken:
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
         out = layer(x)
-    assert taken == {"moe_sparse": 1, "moe_gathered": 1}, dict(taken)
+    assert taken == moe_forms.paths(implementation, gathered=True), dict(taken)
     assert_close(out, expected, what=f"gathered k={k}")
     if keras.backend.backend() == "numpy":
         return
@@ -109,7 +86,8 @@ def test_fewer_copies_than_experts_gather_their_experts(k, tokens):
         return lambda inputs, *kernels: keras.ops.sum(keras.ops.square(moe(inputs)))
 
     kernels = ("gate_kernel", "intermediate_kernel", "output_kernel")
-    _, got = _device.value_and_grad(loss(layer), [x] + [getattr(layer, n) for n in kernels])
+    with moe_forms.form(implementation):
+        _, got = _device.value_and_grad(loss(layer), [x] + [getattr(layer, n) for n in kernels])
     _, want = _device.value_and_grad(loss(dense), [x] + [getattr(dense, n) for n in kernels])
     for name, a, b in zip(("x",) + kernels, got, want):
         assert np.abs(to_numpy(b)).max() > 1e-3, name
@@ -127,7 +105,7 @@ def test_auto_picks_dense_for_few_experts_and_sparse_for_many():
     with keras_attn.observe_paths() as taken:
         many(randn(g, B, T, D))
     # 8 experts per chosen one: sparse at any size
-    assert taken == PATHS[1][2], dict(taken)
+    assert taken == moe_forms.paths("sparse"), dict(taken)
 
 
 def test_auto_picks_dense_for_few_tokens_where_it_measured_faster():
@@ -142,8 +120,7 @@ def test_auto_picks_dense_for_few_tokens_where_it_measured_faster():
     for shape, expected in (((B, T, D), few), ((1, 257, D), "sparse")):
         with keras_attn.observe_paths() as taken:
             mixtral(randn(g, *shape))
-        paths = {"moe_dense": 1} if expected == "dense" else PATHS[1][2]
-        assert taken == paths, (shape, dict(taken))
+        assert taken == moe_forms.paths(expected), (shape, dict(taken))
     assert _moe_experts.chosen_path("auto", 8, 2, None) == "sparse"  # N unknown when traced
     assert _moe_experts.chosen_path("sparse", 8, 2, 4) == "sparse"
 
@@ -154,26 +131,24 @@ def test_sparse_path_with_skewed_loads_and_many_blocks():
     x, params = _problem()
     skewed = dict(params, router=params["router"].copy())
     skewed["router"][:, 2:] -= 50.0  # experts 2, 3 never chosen
-    for form in (None, "blocks"):
+    for form in moe_forms.IMPLEMENTATIONS[1:]:
         for inputs, p in ((x[:1, :1], params), (x, skewed),
                           (np.tile(x, (1, 8, 1)), params)):  # 80 tokens: 160 copies
             expected = moe_reference.mixture_of_experts(inputs, p, K, True)
-            with _forms(form):
+            with moe_forms.form(form):
                 out = _layer(p, norm_topk_prob=True, implementation="sparse")(inputs)
             assert_close(out, expected, what=f"{form} {inputs.shape}")
 
 
-@pytest.mark.parametrize("implementation, form, paths", PATHS)
-def test_gradients_and_aux_loss_match_reference(implementation, form, paths):
+@pytest.mark.parametrize("implementation", moe_forms.IMPLEMENTATIONS)
+def test_gradients_and_aux_loss_match_reference(implementation):
     if keras.backend.backend() == "numpy":
         pytest.skip("the NumPy backend cannot differentiate")
-    if form == "blocks" and not _SPARSE_LOOP:
-        pytest.skip("the same as plain sparse: no expert loop on this backend")
     x, params = _problem(34)
     probe = randn(rng(2), B, T, D)
     coef = 0.5
-    layer = _layer(params, implementation=implementation, norm_topk_prob=True,
-                   router_aux_loss_coef=coef)
+    layer = _layer(params, implementation=moe_forms.layer_arg(implementation),
+                   norm_topk_prob=True, router_aux_loss_coef=coef)
     weights = [layer.router_kernel, layer.gate_kernel, layer.intermediate_kernel,
                layer.output_kernel]
 
@@ -185,9 +160,9 @@ def test_gradients_and_aux_loss_match_reference(implementation, form, paths):
         aux = coef * load_balancing_loss(probs, indices, E)
         return keras.ops.sum(out * keras.ops.convert_to_tensor(probe)) + aux
 
-    with keras_attn.observe_paths() as taken, _forms(form):
+    with keras_attn.observe_paths() as taken, moe_forms.form(implementation):
         value, grads = _device.value_and_grad(loss, [x, *weights])
-    assert all(taken[path] for path in paths), dict(taken)
+    assert all(taken[path] for path in moe_forms.paths(implementation)), dict(taken)
     names = ["x", "router", "gate", "up", "down"]
     args = {"x": x.astype(np.float64), **{n: p.astype(np.float64) for n, p in params.items()}}
 

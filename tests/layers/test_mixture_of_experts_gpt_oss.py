@@ -18,7 +18,7 @@ from ..helpers import assert_close, randn, rng, to_numpy
 from . import moe_forms
 
 B, T, D = shapes.B, shapes.T, shapes.D
-E, K, F = 4, 2, 6
+E, K, F = 4, 2, 8
 ALPHA, LIMIT = 1.702, 1.0  # a limit the std-0.35 projections cross (asserted below)
 MARGIN = 5e-2
 NAMES = ("router", "router_bias", "gate", "up", "gate_bias", "up_bias", "down", "down_bias")

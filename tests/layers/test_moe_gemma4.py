@@ -21,7 +21,7 @@ from ..helpers import assert_close, randn, rng, to_numpy
 from . import moe_forms
 
 B, T, D = shapes.B, shapes.T, shapes.D
-E, K, F, F_DENSE = 4, 2, 6, 12
+E, K, F, F_DENSE = 4, 2, 8, 12
 EPS = 1e-6
 MARGIN = 5e-2
 MOE_NAMES = ("router", "router_scale", "per_expert_scale", "gate", "up", "down")

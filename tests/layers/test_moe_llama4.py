@@ -19,7 +19,7 @@ from ..helpers import assert_close, randn, rng, to_numpy
 from . import moe_forms
 
 B, T, D = shapes.B, shapes.T, shapes.D
-E, F = 8, 6  # the shared expert is F wide too (Llama 4's intermediate_size for both)
+E, F = 8, 8  # the shared expert is F wide too (Llama 4's intermediate_size for both)
 MARGIN = 1e-2
 
 
