@@ -16,7 +16,10 @@ cache that already holds S positions. Points (`--points`, default all):
   bfloat16, beside the memory-bandwidth bound: the bytes one step reads (every weight
   but the input embedding table, and the S cached keys and values of every layer)
   divided by this machine's read bandwidth, measured in the same worker (the best of
-  a NumPy and a backend reduction over a 1 GiB array, medians of 5).
+  a NumPy and a backend reduction over a 1 GiB array, medians of 5); and beside the
+  contenders, timed in the same rounds, "matmuls alone": the step's matrix products
+  with nothing else (every weight matrix, random, chained), compiled as the steps are,
+  the fastest the backend's matmul reads those bytes.
 
 The driver builds each model once with transformers (seeded random weights, std 0.05,
 nothing downloaded) and saves it as safetensors; every contender loads that folder:
@@ -300,6 +303,64 @@ def _hf(folder, sizes, keys, values, token, max_length, dtype):
             "decode": decode}
 
 
+def _matvec_floor(sizes, batch, dtype):
+    """Not a model: the matrix products of one decoding step alone (every weight matrix the
+    model reads, at its shape and dtype, random, chained so that none can be skipped),
+    compiled and looped as the contenders' steps are. The fastest this backend's matmul
+    reads those bytes; a contender near it is bound by the matmul kernel, not by its own
+    code."""
+    import keras
+    import numpy as np
+    from keras import ops
+
+    rng = np.random.default_rng(5)
+    d, f = sizes["dim"], sizes["ffn"]
+    kv = sizes["kv_heads"] * d // sizes["heads"]
+
+    def w(*shape):
+        return ops.cast(ops.convert_to_tensor(
+            0.02 * rng.standard_normal(shape, dtype=np.float32)), dtype)
+
+    weights = [[w(d, d), w(d, kv), w(d, kv), w(d, d), w(d, f), w(d, f), w(f, d)]
+               for _ in range(sizes["layers"])] + [[w(d, sizes["vocab"])]]
+
+    def step(weights, x):
+        for q, k, v, o, gate, up, down in weights[:-1]:
+            side = ops.mean(ops.matmul(x, k) + ops.matmul(x, v), axis=-1, keepdims=True)
+            x = (x + ops.matmul(ops.matmul(x, q), o) + side
+                 + ops.matmul(ops.matmul(x, gate) * ops.matmul(x, up), down))
+        return x + 1e-3 * ops.mean(ops.matmul(x, weights[-1][0]), axis=-1, keepdims=True)
+
+    x = ops.cast(ops.ones((batch, d)), dtype)
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        def decode(n):
+            with torch.no_grad():
+                y = x
+                for _ in range(n):
+                    y = step(weights, y)
+                return ops.convert_to_numpy(ops.cast(y, "float32"))
+        return {"decode": decode}
+    compiled = {}
+
+    def decode(n):
+        if n not in compiled:
+            def loop(weights, x):
+                return ops.fori_loop(0, n, lambda i, y: step(weights, y), x)
+            if backend == "jax":
+                import jax
+
+                compiled[n] = jax.jit(loop)
+            else:
+                import tensorflow as tf
+
+                compiled[n] = tf.function(loop, jit_compile=True)
+        return ops.convert_to_numpy(ops.cast(compiled[n](weights, x), "float32"))
+    return {"decode": decode}
+
+
 # ----------------------------------------------------------------------------
 # The worker: every point of one backend.
 
@@ -375,6 +436,10 @@ def worker(spec):
                 continue
             c["decode"](spec["new"])  # the warm-up: compiles, traces
             runs[contender] = lambda c=c: c["decode"](spec["new"])
+        if model == "large":  # the matmuls alone, in the same rounds (not checked: no model)
+            c = _matvec_floor(sizes, batch, dtype)
+            c["decode"](spec["new"])
+            runs["matmuls alone"] = lambda c=c: c["decode"](spec["new"])
         times = common.interleaved(runs, spec["rounds"])
         for contender, seconds in times.items():
             per_token = [s / spec["new"] * 1e3 for s in seconds]
@@ -430,7 +495,9 @@ def table(results, spec):
         for name, point in r["points"].items():
             ours = point["ms"].get("keras_attn")
             batch = int(name.split("B=")[1].split()[0])
-            for contender, error in point["checks"].items():
+            checks = dict(point["checks"], **{c: float("nan") for c in point["ms"]
+                                              if c not in point["checks"]})
+            for contender, error in checks.items():
                 ms = point["ms"].get(contender)
                 if ms is None:
                     lines.append(f"| {backend} | {name} | {contender} | {error:.1e} | "
@@ -442,7 +509,8 @@ def table(results, spec):
                 if best and name.startswith("large"):
                     bound_ms = point["bytes"] / best * 1e3
                     bound = f"{bound_ms:.1f} ({ms / bound_ms:.2f}x)"
-                lines.append(f"| {backend} | {name} | {contender} | {error:.1e} | {ms:.2f} "
+                error = f"{error:.1e}" if error == error else "(no model)"
+                lines.append(f"| {backend} | {name} | {contender} | {error} | {ms:.2f} "
                              f"({low:.2f}-{high:.2f}) | {batch / ms * 1e3:.0f} | {ratio} | "
                              f"{bound} |")
         if bandwidth:
