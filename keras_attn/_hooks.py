@@ -10,7 +10,9 @@ things they need that are backend code live in `keras_attn._device`, among them:
 - `"trace_step"`: `trace(fn, variables) -> step or None`, the traced decoding step of
   `CausalLM.generate` on PyTorch;
 - `"predict_on_one_replica"`: `predict(loop, inputs) -> outputs or None`, `generate`'s
-  kept loop run once under a `tf.distribute` strategy (None: `predict_on_batch`).
+  kept loop run once under a `tf.distribute` strategy (None: `predict_on_batch`);
+- `"grouped_matmul"`: `matmul(x, weights, ends) -> out or None`, rows sorted by group
+  times their group's weights (`MixtureOfExperts`' sparse path on PyTorch).
 
 `_device` registers each where it defines it (`@provide("name")`); `get(name)`
 imports `_device` the first time any hook is looked up (when a layer first runs, so
