@@ -100,7 +100,6 @@ def grouped_dot_product_attention(query, key, value, *, bias=None, mask=None, sc
     return out.transpose(1, 2)  # (B, T, H, d_v)
 
 
-@_hooks.provide("grouped_matmul")
 def grouped_matmul(x, weights, ends):
     """`(A, N)`: rows `x` `(A, K)` sorted by group times their group's `weights` `(G, K, N)`,
     `ends` int32 `(G,)` the end of each group's rows (a cumulative count). PyTorch on a CPU
@@ -136,6 +135,10 @@ def grouped_matmul(x, weights, ends):
         return op(x, weights, ends)
     return torch._grouped_mm(x, weights, offs=ends)  # with its own gradient
 
+
+# Registered on PyTorch only, so that elsewhere the sparse path does not sort for it first.
+if keras.backend.backend() == "torch":
+    _hooks.provide("grouped_matmul")(grouped_matmul)
 
 _GROUPED_MM = []
 
