@@ -369,7 +369,7 @@ def _matvec_floor(sizes, batch, dtype):
 def read_bandwidth():
     """Bytes per second of a full read: NumPy's and the backend's sum over a 1 GiB float32
     array, each the fastest of 7 (a bound is the best rate seen: medians of 5 moved from
-    39.7 to 15.5 GB/s between two runs of TensorFlow's sum, under the 30.7 GB/s that the
+    39.7 to 15.5 GB/s between two runs of TensorFlow's sum, under the 26.8 GB/s that the
     0.50B model's matrix products alone then read); both figures."""
     import numpy as np
     from keras import ops
