@@ -168,7 +168,7 @@ def sparse(layer, tokens, weights, indices, scale_inputs=False):
     static_n = tokens.shape[0]
     assignments = None if static_n is None else static_n * k  # A = N k
     # PyTorch on a CPU: one grouped matmul per projection over the copies sorted by expert,
-    # each expert's weights read in place (the "grouped_matmul" hook of `keras_attn._device`;
+    # each expert's weights read in place (the "grouped_matmul" hook, `keras_attn._hooks`;
     # None elsewhere). Eagerly and in the traced decoding step alike.
     if _hooks.get("grouped_matmul") is not None:
         out = _grouped(layer, tokens, weights, indices, scale_inputs)
