@@ -140,7 +140,7 @@ def grouped_matmul(x, weights, ends):
 if keras.backend.backend() == "torch":
     _hooks.provide("grouped_matmul")(grouped_matmul)
 
-_GROUPED_MM = []
+_GROUPED_MM: list = []  # the custom op, once made
 
 
 def _torch_grouped_mm():
