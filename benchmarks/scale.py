@@ -28,7 +28,8 @@ keras_attn through `causal_lm_from_pretrained`, keras-hub 0.32 through
 `LlamaBackbone.from_preset` in a `LlamaCausalLM`, and (PyTorch) transformers'
 `LlamaForCausalLM` with SDPA attention and a `StaticCache`. The S cached positions are
 the same seeded random keys and values in every contender's layout (keras_attn's
-`KVCache` `(B, S_max, H_kv, d)` per block, keras-hub's `(B, L, 2, S_max, H_kv, d)`,
+caches as its `generate` makes them: a `KVCache` `(B, S_max, H_kv, d)` per block, on
+PyTorch its `OwnedKVCache`, stored `(B, H_kv, S_max, d)` and written in place; keras-hub's `(B, L, 2, S_max, H_kv, d)`,
 transformers' `(B, H_kv, S_max, d)` written through `StaticCache.update`), S_max = S +
 N, so no prefill is timed: a 32k-token prefill would cost minutes here and
 materialise keras-hub's `32k x 32k` scores.
@@ -245,18 +246,15 @@ def _ours(folder, sizes, keys, values, token, max_length, dtype):
     import keras
     from keras import ops
 
-    from keras_attn import KVCache
     from keras_attn.convert import causal_lm_from_pretrained
-    from keras_attn.models._generate_loop import traced_step_of
+    from keras_attn.models._generate_loop import _empty_caches, traced_step_of
 
     lm = causal_lm_from_pretrained(folder, dtype=dtype)
+    # The caches `generate` makes (on PyTorch heads-first, written in place), the S
+    # positions written at index 0; zeros after them.
+    caches = [cache.write(ops.cast(k, dtype), ops.cast(v, dtype), 0) for cache, k, v in
+              zip(_empty_caches(lm, keys.shape[1], max_length), keys, values)]
     length = keys.shape[2]
-
-    def cache(x):  # (B, S, H, d) -> (B, S_max, H, d), zeros after S
-        pad = [(0, 0), (0, max_length - length), (0, 0), (0, 0)]
-        return ops.cast(ops.pad(ops.convert_to_tensor(x), pad), dtype)
-
-    caches = [KVCache(cache(k), cache(v)) for k, v in zip(keys, values)]
     step = lm.next_token_logits
     if keras.backend.backend() == "torch":
         step = traced_step_of(lm)  # what generate replays (jit_compile="auto")

@@ -13,6 +13,8 @@ things they need that are backend code live in `keras_attn._device`, among them:
   kept loop run once under a `tf.distribute` strategy (None: `predict_on_batch`);
 - `"grouped_matmul"`: `matmul(x, weights, ends) -> out or None`, rows sorted by group
   times their group's weights (`MixtureOfExperts`' sparse path on PyTorch).
+- `"owned_cache"`: `own(kv_cache) -> cache or None`, the cache `CausalLM.generate`
+  makes for a block: zeros of the same sizes, written in place (PyTorch).
 
 `_device` registers each where it defines it (`@provide("name")`); `get(name)`
 imports `_device` the first time any hook is looked up (when a layer first runs, so

@@ -377,8 +377,11 @@ def _attend(query, key, value, mask, bias, sinks=None, *, spec, path, return_att
     if bias is not None:
         allowed = combine_masks(mask, ops.greater(bias, float("-inf")))
     # Zeroed over the H_kv heads: blockwise and explicit group the query
-    # heads without repeating the keys and values.
-    key, value = zero_unattended_keys(key, value, allowed, key_axis=-2, group=group)
+    # heads without repeating the keys and values. Not over a cache known finite
+    # (`spec.unattended_finite`): at 32k cached positions that pass was 84% of a
+    # PyTorch decoding step's op time (benchmarks/README.md, "Decoding at scale").
+    if not spec.unattended_finite:
+        key, value = zero_unattended_keys(key, value, allowed, key_axis=-2, group=group)
     if path == "blockwise":
         return blockwise_attention(query, key, value, mask=mask, bias=bias, spec=spec,
                                    block_size=block_size, sinks=sinks)
@@ -389,7 +392,7 @@ def _attend(query, key, value, mask, bias, sinks=None, *, spec, path, return_att
 def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
                  implementation="auto", dropout_rate=0.0, seed=None, training=False,
                  return_attention_scores=False, cached=False, window_in_mask=False, sinks=None,
-                 bias=None):
+                 bias=None, unattended_finite=False):
     """The attention of projected heads in the layers' `(B, L, heads, d)` layout.
 
     What `keras_attn.MultiHeadAttention` calls: the policy picks the path for
@@ -410,6 +413,9 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
         bias: an additive float bias broadcastable to `(B, H, T, S)` (heads-first:
             `scaled_dot_product_attention`'s `bias`, added after the scale and the
             soft-cap), or None. With it the fused path runs heads-first.
+        unattended_finite: the keys and values no query may attend are known
+            finite (a cache `generate` owns: `KVCache.unattended_finite`), so the
+            kernels do not zero them (`KernelSpec.unattended_finite`).
         implementation: a path's name, or a callable with the signature of
             `scaled_dot_product_attention` (flax's `attention_fn`): it gets
             heads-first `(B, H, T, d_k)` queries and `(B, H_kv, S, d)` keys
@@ -427,7 +433,7 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
                        dropout_rate=dropout_rate, seed=seed, training=training,
                        sliding_window=None if window_in_mask else "options",
                        attention_chunk_size=None if window_in_mask else "options",
-                       sinks=sinks is not None)
+                       sinks=sinks is not None, unattended_finite=unattended_finite)
     if callable(implementation):
         # A user's function takes scaled_dot_product_attention's keywords (public names).
         keywords = dict(mask=mask, is_causal=spec.is_causal, scale=spec.scale,
@@ -483,7 +489,8 @@ def _kernels_in_use():
 def _fused_bthd(query, key, value, mask, sinks=None, *, spec):
     return fused_attention_bthd(query, key, value, mask=mask, is_causal=spec.is_causal,
                                 scale=spec.scale, sliding_window=spec.sliding_window, sinks=sinks,
-                                attention_chunk_size=spec.attention_chunk_size)
+                                attention_chunk_size=spec.attention_chunk_size,
+                                zero_unattended=not spec.unattended_finite)
 
 
 def _attention_fn_result(fn, result, return_attention_scores):

@@ -98,6 +98,8 @@ class CacheUpdate(NamedTuple):
         cache: the new cache, as the layer hands it back (a `KVCache`, or the
             keras-hub tensor for a `KerasHubKVCache`).
         in_range: None, or (for a traced index) a bool scalar tensor: the write fitted.
+        unattended_finite: the cache's `unattended_finite`: the slots no query may
+            attend hold finite values, so the kernels need not zero them.
     """
 
     keys: Tensor
@@ -106,6 +108,7 @@ class CacheUpdate(NamedTuple):
     query_positions: Tensor
     cache: object
     in_range: Tensor | None
+    unattended_finite: bool = False
 
     def poison(self, x: Tensor) -> Tensor:
         """`x` where the write fitted, NaN where a traced index was out of range."""
@@ -159,6 +162,13 @@ class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
     """
 
     __slots__ = ()
+
+    # Whether every slot holds a finite value, unwritten ones included (zeros), so that
+    # the kernels need not zero the slots no query attends (`KernelSpec.unattended_finite`).
+    # Not for a cache in general: a caller may fill one with anything, and a traced
+    # index out of range writes NaN (`poison`). True for the cache `generate` owns on
+    # PyTorch (`keras_attn._device.owned_cache`), which nothing else writes.
+    unattended_finite = False
 
     @classmethod
     def empty(cls, batch_size: int, max_length: int, num_key_value_heads: int, key_dim: int,
@@ -312,7 +322,8 @@ class KVCache(collections.namedtuple("KVCache", ("keys", "values"))):
         elif not read_only:
             new = self.write(keys, values, index, in_range)
         keys, values = new.read(dtype or new.dtype)
-        return CacheUpdate(keys, values, mask, query_positions, new.carried(), in_range)
+        return CacheUpdate(keys, values, mask, query_positions, new.carried(), in_range,
+                           self.unattended_finite)
 
 
 # mypy refuses two tuple bases; at runtime both are `tuple` with empty slots (one layout).

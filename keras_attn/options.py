@@ -321,6 +321,12 @@ class KernelSpec:
             `(H,)` tensor, since they are a layer's weights).
         attention_chunk_size: C, or None (`AttentionOptions.attention_chunk_size`):
             position p sees key j only if `floor(j / C) == floor(p / C)`.
+        unattended_finite: the keys and values that no query may attend are known
+            finite, so the kernels skip zeroing them (`zero_unattended_keys`, a pass
+            over every key and value): a cache that `generate` owns, whose unwritten
+            slots are zeros and whose written ones the model's own keys
+            (`KVCache.unattended_finite`). False: they may hold NaN or inf (a
+            caller's padding, a cache someone else filled) and are zeroed.
     """
 
     is_causal: bool = False
@@ -332,6 +338,7 @@ class KernelSpec:
     training: bool = False
     sinks: bool = False
     attention_chunk_size: int | None = None
+    unattended_finite: bool = False
 
     # The fields that transform the logits `q . k * scale` elementwise, applied in that
     # order by `keras_attn._kernels.common.transform_logits` on the explicit and
@@ -364,12 +371,12 @@ class KernelSpec:
 
 def kernel_spec(options, *, is_causal=False, scale, dropout_rate=0.0, seed=None,
                 training=False, sliding_window="options", sinks=False,
-                attention_chunk_size="options"):
+                attention_chunk_size="options", unattended_finite=False):
     """The `KernelSpec` of `options` (an `AttentionOptions`) for one call.
 
     `scale` is resolved by the caller (`options.scale` or `1 / sqrt(d_k)`);
     `sliding_window` / `attention_chunk_size` None: that rule is in the mask
-    already (a cached call).
+    already (a cached call). `unattended_finite`: see `KernelSpec`.
     """
     return KernelSpec(
         attention_chunk_size=(options.attention_chunk_size if attention_chunk_size == "options"
@@ -377,5 +384,6 @@ def kernel_spec(options, *, is_causal=False, scale, dropout_rate=0.0, seed=None,
         is_causal=bool(is_causal), scale=float(scale),
         sliding_window=options.sliding_window if sliding_window == "options" else sliding_window,
         dropout_rate=float(dropout_rate), seed=seed, training=bool(training), sinks=bool(sinks),
+        unattended_finite=bool(unattended_finite),
         # Every logit transform is an AttentionOptions field of the same name.
         **{name: getattr(options, name) for name in KernelSpec.LOGIT_TRANSFORMS})

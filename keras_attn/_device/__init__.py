@@ -10,8 +10,9 @@ kernels and the layers stay free of backend code and `import keras_attn` imports
 backend: `execution_mode`, for the `auto` policy; `eager_compiler`, for the kernels'
 compiled eager calls (`keras_attn._kernels.compiled`); `trace_step`
 (`traced_step.py`), for `CausalLM.generate` on PyTorch; and `predict_on_one_replica`
-(`strategy.py`), for `CausalLM.generate` under a `tf.distribute` strategy. The first
-hook looked up imports this package.
+(`strategy.py`), for `CausalLM.generate` under a `tf.distribute` strategy; and
+`owned_cache` (`owned_cache.py`), the cache `CausalLM.generate` writes in place on
+PyTorch. The first hook looked up imports this package.
 """
 
 import json
@@ -20,6 +21,7 @@ import platform
 import keras
 
 from keras_attn import _hooks
+from keras_attn._device.owned_cache import owned_cache
 from keras_attn._device.strategy import predict_on_one_replica
 from keras_attn._device.traced_step import TracedStep, trace_step
 
@@ -31,6 +33,7 @@ __all__ = ["allow_tf32", "compile_inference", "describe", "devices", "disable_tf
 # The decoding step's tracer is defined in traced_step.py; registered here with the rest.
 _hooks.provide("trace_step")(trace_step)
 _hooks.provide("predict_on_one_replica")(predict_on_one_replica)
+_hooks.provide("owned_cache")(owned_cache)
 
 
 def _backend():

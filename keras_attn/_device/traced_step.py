@@ -130,11 +130,15 @@ class TracedStep:
             return None
         # The check: the first decoding index is >= 1 (after a prompt), so index - 1 is a
         # slot too; at a Python-int-like index a frozen graph would show here.
+        # Each run on copies of the caches: a cache written in place (`OwnedKVCache`)
+        # would otherwise keep the check's writes.
         other = index - 1 if int(index) > 0 else index + 1
         for at in (index, other):
             with torch.no_grad():
-                expected = keras.tree.flatten(self.fn(token_ids, cache, at))
-                got = keras.tree.flatten(graph(self._values(), token_ids, flat, at))
+                copy = _unflatten(layout, [x.clone() for x in flat])
+                expected = keras.tree.flatten(self.fn(token_ids, copy, at))
+                got = keras.tree.flatten(graph(self._values(), token_ids,
+                                               [x.clone() for x in flat], at))
             difference = max(_relative_error(a, b) for a, b in zip(expected, got, strict=True))
             if not difference <= _TOLERANCE:
                 warnings.warn(

@@ -54,7 +54,8 @@ def _kernel_keeps_half_precision(x):
 
 
 def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=False,
-                         scale=None, sliding_window=None, sinks=None, attention_chunk_size=None):
+                         scale=None, sliding_window=None, sinks=None, attention_chunk_size=None,
+                         zero_unattended=True):
     """`keras.ops.dot_product_attention` with keras_attn's mask semantics.
 
     Layout `(B, T, H, d)` (heads after time, as `keras.ops.dot_product_attention`
@@ -65,7 +66,8 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
     allowed key are re-opened before the kernel (so that it never sees a
     fully masked row, which gives NaN on PyTorch and a uniform row on JAX and
     TensorFlow) and zeroed after it, which keeps values and gradients finite.
-    Keys that no query may attend are zeroed (`zero_unattended_keys`). A
+    Keys that no query may attend are zeroed (`zero_unattended_keys`; not with
+    `zero_unattended=False`, for keys known finite: `KernelSpec.unattended_finite`). A
     `sliding_window` and chunks (`attention_chunk_size`) are folded into the mask.
     Key/value heads fewer than the
     query's (grouped heads) are read in groups where the backend's kernel can
@@ -112,7 +114,8 @@ def fused_attention_bthd(query, key, value, mask=None, bias=None, *, is_causal=F
     if allowed is not None:
         allowed = to_rank(allowed, 4)
         keep = ops.any(allowed, axis=-1, keepdims=True)  # (B|1, H|1, T|1, 1)
-        key, value = zero_unattended_keys(key, value, allowed, key_axis=1, group=group)
+        if zero_unattended:
+            key, value = zero_unattended_keys(key, value, allowed, key_axis=1, group=group)
     if sinks is not None:
         key, value, allowed, bias = _with_sink_key(query, key, value, allowed, bias, sinks)
         keep = None  # every row may attend the sink
@@ -205,7 +208,8 @@ def fused_attention(query, key, value, mask, bias, spec, *, lead, sinks=None):
                          f"Received: query.shape={static_shape(query)}")
     out = fused_attention_bthd(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
                                sliding_window=sliding_window, sinks=sinks,
-                               attention_chunk_size=spec.attention_chunk_size)
+                               attention_chunk_size=spec.attention_chunk_size,
+                               zero_unattended=not spec.unattended_finite)
     out = ops.swapaxes(out, 1, 2)  # (B, H, T, d_v)
     if n > 2:
         return ops.reshape(out, tuple(lead) + (T, d_v))

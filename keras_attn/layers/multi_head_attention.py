@@ -324,7 +324,7 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             attended, scores, heads_first = self._attend(
                 q, k, v, mask_4d, is_causal, cache is not None, training, return_attention_scores,
-                cache is not None, bias)
+                cache is not None, bias, unattended_finite=step is not None and step.unattended_finite)
         if self.use_gate:
             attended = projection.gate(self.gate_dense, query, attended, H, d_v, heads_first)
         output = projection.project_output(self.output_dense, attended, H, d_v, heads_first)
@@ -355,16 +355,17 @@ class MultiHeadAttention(keras.layers.Layer):
         return (ops.swapaxes(attended, 1, 2) if heads_first else attended), scores
 
     def _attend(self, q, k, v, mask, is_causal, in_mask, training, return_scores, cached,
-                bias=None):
+                bias=None, unattended_finite=False):
         """`keras_attn.attention.attend_heads` with this layer's settings (`in_mask`: the
         window and the chunks are in `mask` already, or not for this call: a cache's
-        mask, Keras's `_compute_attention`; `bias` `(B|1, H|1, T|1, S|1)` or None)."""
+        mask, Keras's `_compute_attention`; `bias` `(B|1, H|1, T|1, S|1)` or None;
+        `unattended_finite`: the cache's, `CacheUpdate.unattended_finite`)."""
         return attend_heads(
             q, k, v, self.options, mask=mask, is_causal=is_causal, window_in_mask=in_mask,
             implementation=self.implementation, dropout_rate=self.dropout,
             seed=self.seed_generator, training=training, return_attention_scores=return_scores,
             cached=cached, sinks=ops.convert_to_tensor(self.sinks) if self.use_sinks else None,
-            bias=bias)
+            bias=bias, unattended_finite=unattended_finite)
 
     def _project(self, query, key, value, cached=False, read_only=False):
         """`(q, k, v)` in `(B, L, heads, d)` after qk-norm, and RoPE and the query scale

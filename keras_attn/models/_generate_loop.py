@@ -69,10 +69,18 @@ def cache_recompute_lengths(lm):
 
 def _empty_caches(lm, batch, max_length):
     """`generate`'s caches: L slots per block; one slot for a KV-shared block, which reads
-    its source's cache and hands its own back untouched (a placeholder)."""
+    its source's cache and hands its own back untouched (a placeholder). A block's
+    `KVCache` is the backend's own where `_device` has one (the "owned_cache" hook: on
+    PyTorch, heads-first and written in place), since nothing but this generation
+    holds it."""
     sources = lm.kv_sharing or [None] * len(lm.blocks)
-    return [empty_cache(block, batch, max_length if source is None else 1, as_kv_cache=True)
-            for block, source in zip(lm.blocks, sources)]
+    own = _hooks.get("owned_cache")
+    caches = []
+    for block, source in zip(lm.blocks, sources):
+        cache = empty_cache(block, batch, max_length if source is None else 1, as_kv_cache=True)
+        owned = own(cache) if own is not None and source is None else None
+        caches.append(cache if owned is None else owned)
+    return caches
 
 
 class _GenerateLoop(keras.Model):
