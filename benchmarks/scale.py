@@ -29,10 +29,10 @@ keras_attn through `causal_lm_from_pretrained`, keras-hub 0.32 through
 `LlamaForCausalLM` with SDPA attention and a `StaticCache`. The S cached positions are
 the same seeded random keys and values in every contender's layout (keras_attn's
 caches as its `generate` makes them: a `KVCache` `(B, S_max, H_kv, d)` per block, on
-PyTorch its `OwnedKVCache`, stored `(B, H_kv, S_max, d)` and written in place; keras-hub's `(B, L, 2, S_max, H_kv, d)`,
-transformers' `(B, H_kv, S_max, d)` written through `StaticCache.update`), S_max = S +
-N, so no prefill is timed: a 32k-token prefill would cost minutes here and
-materialise keras-hub's `32k x 32k` scores.
+PyTorch its `OwnedKVCache`, stored `(B, H_kv, S_max, d)` and written in place;
+keras-hub's `(B, L, 2, S_max, H_kv, d)`, transformers' `(B, H_kv, S_max, d)` written
+through `StaticCache.update`), S_max = S + N, so no prefill is timed: a 32k-token
+prefill would cost minutes here and materialise keras-hub's `32k x 32k` scores.
 
 **Equivalence first:** the driver runs transformers' first step from that cache
 (position S); each contender's first-step logits must be within 1e-3 of it
