@@ -1,17 +1,23 @@
 """`CausalLM`: a decoder-only language model built from `TransformerDecoderLayer` blocks."""
 
-import numbers
 from collections.abc import Sequence
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attn._validation import check_positive_float, check_positive_int
 from keras_attn.cache import empty_cache
 from keras_attn.layers._common import check_not_quantized
-from keras_attn.models import _padding
-from keras_attn.models._checks import _built_width, _check_kv_sharing, _check_token_ids
+from keras_attn.models import _padding, _per_layer_inputs
+from keras_attn.models._checks import (
+    _built_width,
+    _check_blocks,
+    _check_kv_sharing,
+    _check_kv_sharing_blocks,
+    _check_positions,
+    _check_source_config,
+    _check_token_ids,
+)
 from keras_attn.models._generate_loop import generate_over_kept_loops
 
 __all__ = ["CausalLM"]
@@ -98,18 +104,14 @@ class CausalLM(keras.Model):
             P). In the config when set.
         vocab_size_per_layer_input: V_p, the per-layer embeddings' vocabulary
             (None: V); with `hidden_size_per_layer_input` only.
-        max_position_embeddings: N, or None: learned absolute positions
-            (GPT-2's `wpe`, transformers' `max_position_embeddings` / `n_positions`).
-            A sublayer `position_embedding` `Embedding(N, D)` (keras-hub's
-            GPT2Backbone's name) whose row p is added to the (scaled) token
-            embedding at position p: `0 .. T - 1` uncached, `cache_update_index
-            + i` in a cached step and in `generate`. Every position must be
-            below N: a longer `token_ids` (T > N) or `max_length` > N is a
-            `ValueError`. `generate` takes prompts without padding (every row P
-            real tokens), where transformers' GPT-2 `generate` positions, from
-            `attention_mask.cumsum(-1) - 1`, are the cache index too; a left-padded
-            row would need per-row positions, which `generate` does not take. In
-            the config when set.
+        max_position_embeddings: N, or None: learned absolute positions (GPT-2's
+            `wpe`, transformers' `max_position_embeddings` / `n_positions`): a
+            sublayer `position_embedding` `Embedding(N, D)` (keras-hub's GPT2Backbone's
+            name) whose row p is added to the (scaled) token embedding at position p
+            (`cache_update_index + i` in a cached step). T > N or `max_length` > N is
+            a `ValueError`. `generate` takes prompts without padding here: a
+            left-padded row would need per-row positions (transformers'
+            `attention_mask.cumsum(-1) - 1`). In the config when set.
         source_config: None, or the Hugging Face config (a `config.json` dict)
             the model was converted from: `keras_attn.convert` sets it, and
             `save_pretrained` writes the checkpoint of that family from it. In
@@ -180,21 +182,7 @@ class CausalLM(keras.Model):
             "final_logit_soft_cap", final_logit_soft_cap, allow_none=True)
         self.logits_scaling = check_positive_float(
             "logits_scaling", logits_scaling, allow_none=True)
-        if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) or not blocks:
-            raise ValueError("`blocks` must be a non-empty list of "
-                             f"keras_attn.TransformerDecoderLayer. Received: blocks={blocks!r}")
-        self.blocks = [keras.saving.deserialize_keras_object(b) if isinstance(b, dict) else b
-                       for b in blocks]
-        for i, block in enumerate(self.blocks):
-            if not isinstance(block, keras.layers.Layer):
-                raise ValueError(
-                    "`blocks` must hold keras layers (keras_attn.TransformerDecoderLayer, or a "
-                    "layer keeping its decoder-block contract). "
-                    f"Received: blocks[{i}] of type {type(block).__name__}")
-            if block.built and getattr(block, "has_memory", False):
-                raise ValueError(
-                    f"`blocks[{i}]` ('{block.name}') was built with memory (cross-attention); "
-                    "a causal LM's blocks are decoder-only. Received: a block with memory")
+        self.blocks = _check_blocks(blocks)
         self.token_embedding = keras.layers.Embedding(
             self.vocabulary_size, self.hidden_dim, dtype=self.dtype_policy,
             name="token_embedding")
@@ -207,22 +195,9 @@ class CausalLM(keras.Model):
             "hidden_size_per_layer_input", hidden_size_per_layer_input, allow_none=True)
         self.vocab_size_per_layer_input = check_positive_int(
             "vocab_size_per_layer_input", vocab_size_per_layer_input, allow_none=True)
-        if self.vocab_size_per_layer_input is not None and not self.hidden_size_per_layer_input:
-            raise ValueError(
-                "`vocab_size_per_layer_input` is the per-layer embeddings' vocabulary, which "
-                "need `hidden_size_per_layer_input`. Received: vocab_size_per_layer_input="
-                f"{vocab_size_per_layer_input}, hidden_size_per_layer_input=None")
+        _per_layer_inputs.check(self)
         if self.hidden_size_per_layer_input:
-            L, P = len(self.blocks), self.hidden_size_per_layer_input
-            self.embed_tokens_per_layer = keras.layers.Embedding(
-                self.vocab_size_per_layer_input or self.vocabulary_size, L * P,
-                dtype=self.dtype_policy, name="embed_tokens_per_layer")
-            self.per_layer_model_projection = keras.layers.Dense(
-                L * P, use_bias=False, dtype=self.dtype_policy,
-                name="per_layer_model_projection")
-            self.per_layer_projection_norm = keras.layers.RMSNormalization(
-                epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
-                name="per_layer_projection_norm")
+            _per_layer_inputs.add_sublayers(self)
         self.kv_sharing = _check_kv_sharing(kv_sharing, len(self.blocks))
         self.max_position_embeddings = check_positive_int(
             "max_position_embeddings", max_position_embeddings, allow_none=True)
@@ -230,10 +205,7 @@ class CausalLM(keras.Model):
             self.position_embedding = keras.layers.Embedding(
                 self.max_position_embeddings, self.hidden_dim, dtype=self.dtype_policy,
                 name="position_embedding")
-        if source_config is not None and not isinstance(source_config, dict):
-            raise ValueError("`source_config` must be None or a dict (a config.json). "
-                             f"Received: source_config of type {type(source_config).__name__}")
-        self.source_config = None if source_config is None else dict(source_config)
+        self.source_config = _check_source_config(source_config)
         self.lora = None
         self.build((None, None))
         if lora is not None:  # a saved LoRA model: its LoRA again (models/_lora.py)
@@ -258,40 +230,15 @@ class CausalLM(keras.Model):
         if self.lm_head is not None:
             self.lm_head.build(hidden_shape)
         if self.hidden_size_per_layer_input:
-            self.embed_tokens_per_layer.build((None, None))
-            self.per_layer_model_projection.build(hidden_shape)
-            self.per_layer_projection_norm.build((None, None, None,
-                                                  self.hidden_size_per_layer_input))
-        for i, source in enumerate(self.kv_sharing or [None] * len(self.blocks)):
-            attention = getattr(self.blocks[i], "self_attention", None)
-            if source is not None and getattr(getattr(self.blocks[source], "self_attention",
-                                                      None), "has_recurrent_state", False):
-                raise ValueError(
-                    f"`blocks[{i}]` cannot reuse the keys and values of `blocks[{source}]`, "
-                    "whose attention is linear (a recurrent state, no keys and values). "
-                    f"Received: kv_sharing[{i}]={source}")
-            if bool(getattr(attention, "is_kv_shared_layer", False)) != (source is not None):
-                raise ValueError(
-                    f"`blocks[{i}]` ('{self.blocks[i].name}') reuses another block's keys and "
-                    "values exactly when its self-attention has `is_kv_shared_layer=True`. "
-                    f"Received: kv_sharing[{i}]={source!r}, is_kv_shared_layer="
-                    f"{getattr(attention, 'is_kv_shared_layer', False)}")
+            _per_layer_inputs.build(self, hidden_shape)
+        _check_kv_sharing_blocks(self.blocks, self.kv_sharing)
         self.built = True
 
     def _per_layer_inputs(self, token_ids, x):
-        """`(B, T, L, P)`: Gemma 4's per-layer inputs, `(norm(x W / sqrt(D)) +
-        sqrt(P) E_per_layer[ids]) / sqrt(2)` of the scaled embeddings `x`, or None."""
+        """`(B, T, L, P)`: Gemma 4's per-layer inputs (`_per_layer_inputs.compute`), or None."""
         if not self.hidden_size_per_layer_input:
             return None
-        L, P = len(self.blocks), self.hidden_size_per_layer_input
-        B, T = ops.shape(x)[0], ops.shape(x)[1]
-        tokens = self.embed_tokens_per_layer(token_ids)
-        tokens = ops.reshape(tokens * ops.cast(P ** 0.5, tokens.dtype), (B, T, L, P))
-        projected = self.per_layer_model_projection(x) * ops.cast(self.hidden_dim ** -0.5,
-                                                                  x.dtype)
-        projected = self.per_layer_projection_norm(ops.reshape(projected, (B, T, L, P)))
-        return (projected + ops.cast(tokens, projected.dtype)) * ops.cast(2.0 ** -0.5,
-                                                                          projected.dtype)
+        return _per_layer_inputs.compute(self, token_ids, x)
 
     def _blocks(self, x, per_layer, caches=None, cache_update_index=None):
         """The blocks over `x` `(B, T, D)`, uncached (`caches` None) or cached: `(x, new
@@ -328,16 +275,7 @@ class CausalLM(keras.Model):
         if self.embedding_scale is not None:
             x = x * ops.cast(self.embedding_scale, x.dtype)
         if self.max_position_embeddings:
-            T, N = tuple(token_ids.shape)[1], self.max_position_embeddings
-            # An int index is checked here; a tensor one (generate's loop) is not read back
-            # each step: generate checks `max_length` against N before it starts.
-            first = int(start) if isinstance(start, (numbers.Integral, np.integer)) else 0
-            if T is not None and first + T > N:
-                # Out of the table: a gather past it errors on one backend, clamps on another.
-                raise ValueError(
-                    f"The position embedding has max_position_embeddings={N} rows: positions "
-                    f"{first} .. {first + T - 1} do not fit. Received: token_ids.shape="
-                    f"{tuple(token_ids.shape)}, cache_update_index={first}")
+            _check_positions(token_ids, start, self.max_position_embeddings)
             positions = ops.arange(ops.shape(token_ids)[1], dtype="int32") + ops.cast(
                 start, "int32")
             x = x + ops.cast(self.position_embedding(positions), x.dtype)[None]
@@ -397,40 +335,34 @@ class CausalLM(keras.Model):
         """Extend `prompt_ids` `(B, P)` to `(B, L)` tokens, greedy by default.
 
         A prefill over the prompt, then one cached step per token inside
-        `keras.ops.while_loop` (`keras_attn.generation.generate`, which
-        documents `end_token_id`, `temperature`, `top_k`, `top_p`, `seed` and
-        `streamer`), over
-        one key/value cache of L slots per block.
+        `keras.ops.while_loop` (`keras_attn.generation.generate`, which documents
+        `end_token_id`, `temperature`, `top_k`, `top_p`, `seed` and `streamer`), over one
+        key/value cache of L slots per block.
 
         RoPE whose frequencies switch with the positions (longrope: past
         `original_max_position_embeddings`) recompute the caches once there, as
         transformers' Phi-3 generation does (`keras_attn.generation.generate`'s
         `recompute_cache_at`): the tokens are the uncached forward's greedy ones.
 
-        Compilation: with a concrete prompt (arrays, eager tensors), the
-        prefill and the loop run as one function that Keras compiles and
-        keeps per prompt shape and settings, so repeated calls compile once
-        (like keras-hub's `generate`). `jit_compile="auto"` means XLA on
-        JAX and on TensorFlow (also on CPU, unlike `model.compile`'s "auto":
-        a TensorFlow decode step measured 1.34 ms with XLA against 4.54 ms
-        with a plain `tf.function`). On PyTorch it means the prefill
-        eagerly and every decoding step replayed from a graph traced once
-        per shape (`torch.fx` then TorchScript, about 1.3 s for
-        benchmarks/models.py's 4-block model; checked against the eager step
-        before use, which it replaces if they disagree): a step of that model
-        took 8.6 ms against 32.4 ms eagerly. `True` on PyTorch
-        uses `torch.compile` (minutes on a CPU); `False` means no XLA and
-        no graph: a plain `tf.function` on TensorFlow, the loop run eagerly
-        on JAX and PyTorch (under `torch.no_grad()` there, as Keras's
-        `predict_on_batch` runs). A
-        traced prompt (inside the caller's `jax.jit` or `tf.function`), or
-        sampling with a `keras.random.SeedGenerator` or without a seed,
-        runs the loop as it is, in the caller's context. An int `seed`
-        samples the same tokens at every call, on every backend. The
-        sampling settings are the kept loop's inputs: a new seed compiles
-        nothing; at most 8 loops are kept (least recently used dropped). A
-        `streamer` runs the steps from Python (PyTorch: the traced step;
-        JAX, TensorFlow: eagerly, slower), the same tokens.
+        Compilation: with a concrete prompt (arrays, eager tensors), the prefill and the
+        loop run as one function that Keras compiles and keeps per prompt shape and
+        settings, so repeated calls compile once (like keras-hub's `generate`).
+        `jit_compile="auto"` means XLA on JAX and on TensorFlow (also on CPU, unlike
+        `model.compile`'s "auto": a TensorFlow decode step measured 1.34 ms with XLA against
+        4.54 ms with a plain `tf.function`). On PyTorch it means the prefill eagerly and
+        every decoding step replayed from a graph traced once per shape (`torch.fx` then
+        TorchScript, about 1.3 s for benchmarks/models.py's 4-block model; checked against
+        the eager step before use, which it replaces if they disagree): a step of that model
+        took 8.6 ms against 32.4 ms eagerly. `True` on PyTorch uses `torch.compile` (minutes
+        on a CPU); `False` means no XLA and no graph: a plain `tf.function` on TensorFlow,
+        the loop run eagerly on JAX and PyTorch (under `torch.no_grad()` there, as Keras's
+        `predict_on_batch` runs). A traced prompt (inside the caller's `jax.jit` or
+        `tf.function`), or sampling with a `keras.random.SeedGenerator` or without a seed,
+        runs the loop as it is, in the caller's context. An int `seed` samples the same
+        tokens at every call, on every backend. The sampling settings are the kept loop's
+        inputs: a new seed compiles nothing; at most 8 loops are kept (least recently used
+        dropped). A `streamer` runs the steps from Python (PyTorch: the traced step; JAX,
+        TensorFlow: eagerly, slower), the same tokens.
 
         Padded batches (`padding_mask`; docs/guides/cache.md): each row is
         decoded as if alone (rolled to right padding, fed its own prompt
