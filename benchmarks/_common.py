@@ -192,6 +192,26 @@ def add_options(parser, *, backend=None, quick=None, rounds=None, timeout=None,
     return parser
 
 
+def run_backends(module, spec, args, table, *, extra=None, started=None):
+    """The driver's loop: `module`'s worker once per backend of `args` (`spawn`, with
+    `spec`, the backend and `extra`), each backend's `table(results, spec)` printed as it
+    finishes, then the machine (and the seconds since `started`, a `perf_counter`) and
+    the whole table; the results written to `--json`. Returns the results by backend."""
+    tag = module.rsplit(".", 1)[-1]
+    results = {}
+    for backend in backends(args):
+        print(f"[{tag}] {backend} ...", file=sys.stderr, flush=True)
+        results[backend] = spawn(module, {**spec, "backend": backend, **(extra or {})},
+                                 args.timeout)
+        print(table({backend: results[backend]}, spec), flush=True)
+    elapsed = "" if started is None else f", {time.perf_counter() - started:.0f} s"
+    print(f"\n{machine()}{elapsed}\n")
+    print(table(results, spec))
+    if args.json:
+        write_json(args.json, {"spec": spec, "results": results})
+    return results
+
+
 def backends(args):
     """The backends of a "list" `--backend`: the comma list, or all of BACKENDS."""
     return args.backend.split(",") if args.backend else list(BACKENDS)

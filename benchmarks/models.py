@@ -368,21 +368,10 @@ def main(argv=None):
     spec["batch"] = args.batch
     if args.batch > 1:
         spec["train_batch"] = args.batch
-    results = {}
     with tempfile.TemporaryDirectory() as folder:
         print("[models] building the transformers checkpoint ...", file=sys.stderr, flush=True)
         make_checkpoint(spec, folder)
-        for backend in common.backends(args):
-            print(f"[models] {backend} ...", file=sys.stderr, flush=True)
-            results[backend] = common.spawn("benchmarks.models",
-                                            {**spec, "backend": backend, "folder": folder},
-                                            args.timeout)
-            print(table({backend: results[backend]}, spec), flush=True)
-    print()
-    print(f"{common.machine()}\n")
-    print(table(results, spec))
-    if args.json:
-        common.write_json(args.json, {"spec": spec, "results": results})
+        common.run_backends("benchmarks.models", spec, args, table, extra={"folder": folder})
     return 0
 
 

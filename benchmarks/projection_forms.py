@@ -134,16 +134,7 @@ def main(argv=None):
     spec = dict(QUICK if args.quick else DEFAULTS)
     if args.rounds:
         spec["rounds"] = args.rounds
-    results = {}
-    for backend in common.backends(args):
-        print(f"[projection_forms] {backend} ...", file=sys.stderr, flush=True)
-        results[backend] = common.spawn("benchmarks.projection_forms",
-                                        {**spec, "backend": backend}, args.timeout)
-        print(table({backend: results[backend]}, spec), flush=True)
-    print(f"\n{common.machine()}\n")
-    print(table(results, spec))
-    if args.json:
-        common.write_json(args.json, {"spec": spec, "results": results})
+    common.run_backends("benchmarks.projection_forms", spec, args, table)
     return 0
 
 

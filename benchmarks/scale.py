@@ -546,21 +546,11 @@ def main(argv=None):
                       "large": QUICK_LARGE if args.quick else LARGE},
             "new": args.new or (8 if args.quick else 32), "rounds": args.rounds,
             "points": points}
-    results = {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         references(spec, points, folder)
-        for backend in common.backends(args):
-            print(f"[scale] {backend} ...", file=sys.stderr, flush=True)
-            results[backend] = common.spawn("benchmarks.scale",
-                                            {**spec, "backend": backend, "folder": folder},
-                                            args.timeout)
-            print(table({backend: results[backend]}, spec), flush=True)
-    print()
-    print(f"{common.machine()}, {time.perf_counter() - start:.0f} s\n")
-    print(table(results, spec))
-    if args.json:
-        common.write_json(args.json, {"spec": spec, "results": results})
+        common.run_backends("benchmarks.scale", spec, args, table, extra={"folder": folder},
+                            started=start)
     return 0
 
 
