@@ -139,3 +139,28 @@ def test_the_kernels_zero_unattended_keys_unless_told_they_are_finite(path):
     skipped = to_numpy(attend(path, query, key, value, mask,
                               spec=KernelSpec(scale=0.5, unattended_finite=True)))
     assert np.isnan(skipped).all()
+
+
+@torch_only
+def test_tracing_a_step_over_owned_caches_writes_only_the_step_s_slot():
+    """The traced step checks its graph against the eager step at its index and the one
+    before; over caches written in place those checks run on copies, else the check at
+    P - 1 would overwrite the prompt's last slot."""
+    import torch
+
+    lm = _lm()
+    prompt = np.random.default_rng(1).integers(1, V, (B, P)).astype("int32")
+    caches = [_device.owned_cache(keras_attn.empty_cache(block, B, L, as_kv_cache=True))
+              for block in lm.blocks]
+    with torch.no_grad():
+        _, caches = lm.next_token_logits(prompt, caches, 0)
+    before = [to_numpy(cache.keys).copy() for cache in caches]
+    step = _device.trace_step(lm.next_token_logits, lm.variables)
+    with torch.no_grad():
+        step(keras.ops.convert_to_tensor([[3], [7]], "int32"), caches,
+             keras.ops.convert_to_tensor(P, "int32"))
+    assert step.graph_calls == 1 and all(g is not None for g in step.graphs.values())
+    for cache, keys in zip(caches, before):
+        got = to_numpy(cache.keys)
+        np.testing.assert_array_equal(got[:, :P], keys[:, :P])  # the prompt's slots
+        assert np.abs(got[:, P]).max() > 0 and not got[:, P + 1:].any()  # the step's slot
