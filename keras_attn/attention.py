@@ -23,6 +23,7 @@ import math
 import keras
 from keras import ops
 
+from keras_attn._attention_fn import call_attention_fn
 from keras_attn._kernels.blockwise import blockwise_attention
 from keras_attn._kernels.common import empty_attention, group_size, zero_unattended_keys
 from keras_attn._kernels.compiled import compiled
@@ -435,20 +436,10 @@ def attend_heads(query, key, value, options, *, mask=None, is_causal=False,
                        attention_chunk_size=None if window_in_mask else "options",
                        sinks=sinks is not None, unattended_finite=unattended_finite)
     if callable(implementation):
-        # A user's function takes scaled_dot_product_attention's keywords (public names).
-        keywords = dict(mask=mask, is_causal=spec.is_causal, scale=spec.scale,
-                        dropout_rate=spec.dropout_rate, seed=spec.seed, training=spec.training,
-                        return_attention_scores=bool(return_attention_scores),
-                        sliding_window=spec.sliding_window, logit_soft_cap=spec.logit_soft_cap)
-        if sinks is not None:  # only when set: a function written before sinks keeps working
-            keywords["sinks"] = sinks
-        if spec.attention_chunk_size is not None:  # the same: only when set
-            keywords["attention_chunk_size"] = spec.attention_chunk_size
-        if bias is not None:  # likewise
-            keywords["bias"] = bias
-        query, key, value = (ops.swapaxes(x, 1, 2) for x in (query, key, value))  # (B, H|H_kv, L, d)
-        return (*_attention_fn_result(implementation, implementation(query, key, value, **keywords),
-                                      return_attention_scores), True)
+        attended, scores = call_attention_fn(
+            implementation, query, key, value, spec, mask=mask, sinks=sinks, bias=bias,
+            return_attention_scores=return_attention_scores)
+        return attended, scores, True
     path = select_implementation(
         implementation, lead=(B, H), T=T, S=S, has_mask=mask is not None,
         has_bias=bias is not None,
@@ -492,14 +483,3 @@ def _fused_bthd(query, key, value, mask, sinks=None, *, spec):
                                 attention_chunk_size=spec.attention_chunk_size,
                                 zero_unattended=not spec.unattended_finite)
 
-
-def _attention_fn_result(fn, result, return_attention_scores):
-    """`(attended, scores or None)` from a callable `implementation`, checked."""
-    if not return_attention_scores:
-        return result, None
-    if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise ValueError(
-            "With `return_attention_scores=True`, a callable `implementation` must return "
-            f"`(output, weights)`, as scaled_dot_product_attention does. Received from "
-            f"{getattr(fn, '__name__', fn)!r}: {type(result).__name__}")
-    return tuple(result)
