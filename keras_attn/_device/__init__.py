@@ -65,8 +65,13 @@ def float64_dot_product_attention(query, key, value, *, bias=None, mask=None, sc
 # "einsum" over the (in, H, d) kernel view or "matmul" over the 2-D kernel (the same
 # weights). Chosen by `python -m benchmarks.projection_forms` (interleaved medians of a
 # 4-layer D=512 Llama's prefill, decode and train step; the figures in
-# benchmarks/README.md, "Projections"). A backend not listed keeps "einsum".
-PROJECTION_FORMS = {"jax": "einsum", "tensorflow": "einsum", "torch": "einsum",
+# benchmarks/README.md, "Projection forms"). A backend not listed keeps "einsum".
+# matmul / einsum in two runs on a 2-CPU machine (2026-12-06; prefill, decode, train):
+# JAX 0.95, 0.86, 1.00 and 1.03, 0.92, 1.00 (the decode step faster both times);
+# PyTorch 1.12, 1.03, 1.04 and 1.16, 1.07, 0.90 (its einsum runs as one bmm; the
+# matmul form's reshapes copy); TensorFlow 0.93, 1.10, 1.05 and 1.04, 0.98, 1.01
+# (no consistent winner: the einsum stays).
+PROJECTION_FORMS = {"jax": "matmul", "tensorflow": "einsum", "torch": "einsum",
                     "numpy": "einsum"}
 
 
