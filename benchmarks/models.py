@@ -51,12 +51,13 @@ prefill and generate of 8 rows, row 0 the checked prompt, the train step at B=8)
 - peak RSS of the worker process (every contender of a backend lives in it).
 Each backend runs in a fresh process that builds every contender, warms each up
 (JAX and TensorFlow compile there), then times them in turn, round after round;
-medians over rounds. Execution is each library's default: keras_attn's `generate`
-compiles its loop with XLA on JAX and TensorFlow (`jit_compile="auto"`) and runs it
-eagerly under `torch.no_grad()` on PyTorch; keras-hub's `generate` compiles on JAX
-and with a plain `tf.function` on TensorFlow; Keras's `predict_on_batch` and
-`train_on_batch` run a plain `tf.function` on a CPU-only TensorFlow (its
-`jit_compile="auto"` turns XLA off there); PyTorch runs eagerly everywhere.
+medians over rounds, the spread (min-max) beside them. Execution is each library's
+default: keras_attn's `generate` compiles its loop with XLA on JAX and TensorFlow
+(`jit_compile="auto"`) and runs it eagerly under `torch.no_grad()` on PyTorch;
+keras-hub's `generate` compiles on JAX and with a plain `tf.function` on TensorFlow;
+Keras's `predict_on_batch` and `train_on_batch` run a plain `tf.function` on a CPU-only
+TensorFlow (its `jit_compile="auto"` turns XLA off there); PyTorch runs eagerly
+everywhere.
 """
 
 import argparse
@@ -284,14 +285,22 @@ def worker(spec):
         checks["keras_attn"]["padded_tokens_equal"] = bool(
             np.array_equal(tokens[-1:], reference["tokens"]))
         runs["keras_attn/padded_generate"] = lambda: padded(ids, mask)
-    times = common.medians(common.interleaved(runs, spec["rounds"]))
+    rounds = common.interleaved(runs, spec["rounds"])
+    times = common.medians(rounds)
     result = {"checks": checks, "notes": notes, "info": _device.describe(),
-              "peak_rss_gib": common.peak_rss_gib(), "ms": {}}
+              "peak_rss_gib": common.peak_rss_gib(), "ms": {}, "spread": {}}
     for name in contenders:
         prefill, generate = times[f"{name}/prefill"], times[f"{name}/generate"]
         result["ms"][name] = {"prefill": prefill * 1e3, "generate": generate * 1e3,
                               "decode": (generate - prefill) / spec["new"] * 1e3,
                               "train": times[f"{name}/train"] * 1e3}
+        # min-max over rounds; a round's decode is its generate less its prefill, both
+        # timed in that round
+        per_round = {figure: [t * 1e3 for t in rounds[f"{name}/{figure}"]]
+                     for figure in ("prefill", "generate", "train")}
+        per_round["decode"] = [(g - p) / spec["new"] for g, p in
+                               zip(per_round["generate"], per_round["prefill"])]
+        result["spread"][name] = {k: [min(v), max(v)] for k, v in per_round.items()}
     if "keras_attn/padded_generate" in times:
         result["ms"]["keras_attn"]["padded_generate_b8"] = (
             times["keras_attn/padded_generate"] * 1e3)
@@ -305,6 +314,12 @@ def worker(spec):
 FIGURES = ("prefill", "decode", "generate", "train")
 
 
+def _cell(median, spread, digits):
+    """`median (min-max)` over the rounds."""
+    text = f"{median:.{digits}f}"
+    return text if not spread else text + f" ({spread[0]:.{digits}f}-{spread[1]:.{digits}f})"
+
+
 def table(results, spec):
     moe = (f", {spec['experts']} experts top-{spec['top_k']}"
            if spec.get("model") == "mixtral" else "")
@@ -313,7 +328,7 @@ def table(results, spec):
              f"H={spec['heads']}/{spec['kv_heads']}, FFN {spec['ffn']}{moe}, float32; "
              f"B={spec.get('batch', 1)}, prompt "
              f"{spec['prompt']}, {spec['new']} greedy tokens; train B={spec['train_batch']}; "
-             f"ms, medians of {spec['rounds']} interleaved rounds", "",
+             f"ms, medians (min-max) of {spec['rounds']} interleaved rounds", "",
              "| backend | contender | logits rel. error | tokens | prefill | decode / token "
              "| generate | train step | keras_attn / it (prefill, decode, train) |",
              "|---|---|---:|---|---:|---:|---:|---:|---|"]
@@ -324,7 +339,8 @@ def table(results, spec):
         ours = r["ms"].get("keras_attn")
         for name, check in r["checks"].items():
             ms = r["ms"].get(name)
-            cells = ([f"{ms[k]:.1f}" if k != "decode" else f"{ms[k]:.2f}" for k in FIGURES]
+            spread = r.get("spread", {}).get(name, {})
+            cells = ([_cell(ms[k], spread.get(k), 2 if k == "decode" else 1) for k in FIGURES]
                      if ms else [r["notes"].get(name, "not timed")] + [""] * 3)
             ratio = ("" if not (ms and ours and name != "keras_attn") else
                      ", ".join(f"{ours[k] / ms[k]:.2f}" for k in ("prefill", "decode", "train")))
