@@ -314,18 +314,22 @@ class CausalLM(keras.Model):
         shape = tuple(token_ids.shape)
         return keras.KerasTensor(shape + (self.vocabulary_size,), dtype=self.compute_dtype)
 
-    def next_token_logits(self, token_ids, caches, cache_update_index):
+    def next_token_logits(self, token_ids, caches, cache_update_index, logits_to_keep=0):
         """One cached step: `(logits (B, T, V), caches)`, the `next_token_fn` of `generate`.
 
         `caches` is a list of one cache per block: a `keras_attn.KVCache`
         (`keras_attn.empty_cache(block, B, S_max, as_kv_cache=True)`, what
         `generate` uses) or keras-hub's tensor (`empty_cache(block, B, S_max)`);
-        the T tokens are the positions `cache_update_index + i`.
+        the T tokens are the positions `cache_update_index + i`. `logits_to_keep`:
+        transformers' argument; N > 0 gives the last N positions' logits `(B, N, V)`
+        only (`generate`'s prefill keeps 1: the head skips the other positions), 0 all.
         """
+        if logits_to_keep != 0:
+            check_positive_int("logits_to_keep", logits_to_keep)
         x = self._embed(token_ids, cache_update_index)
         x, new_caches = self._blocks(x, self._per_layer_inputs(token_ids, x), list(caches),
                                      cache_update_index)
-        return self._logits(x), new_caches
+        return self._logits(x[:, -logits_to_keep:] if logits_to_keep else x), new_caches
 
     def generate(self, prompt_ids, max_length: int, *, end_token_id=None,
                  temperature: float = 0.0, top_k: int | None = None, seed=None,
