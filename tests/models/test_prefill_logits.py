@@ -8,7 +8,6 @@ slice of the wrong positions fails: every position's logits differ), the argumen
 checks, and which prefill `generate` ran, observed through a spy.
 """
 
-import keras
 import numpy as np
 import pytest
 
