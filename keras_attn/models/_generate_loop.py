@@ -125,31 +125,31 @@ class _GenerateLoop(keras.Model):
         if self.sampled:
             sampling = {name: inputs[name] for name in _SAMPLING_INPUTS}
         caches = _empty_caches(self.lm, prompt_ids.shape[0], self.max_length)
-        every_position = inputs.get("prompt_lengths") is not None and self.prefill_length is None
-        return generate_checked(self.decoding_step(every_position), prompt_ids,
+        return generate_checked(self.decoding_step(inputs.get("prompt_lengths")), prompt_ids,
                                 self.max_length, caches,
                                 end_token_id=self.end_token_id, sampling=sampling,
                                 recompute_cache_at=cache_recompute_lengths(self.lm),
                                 prompt_lengths=inputs.get("prompt_lengths"),
                                 prefill_length=self.prefill_length)
 
-    def decoding_step(self, every_position=False):
+    def decoding_step(self, prompt_lengths=None):
         """`next_token_fn` for this loop: the model's, or the traced step after an eager
         prefill."""
-        model_step = _model_step(self.lm, every_position)
+        model_step = _model_step(self.lm, prompt_lengths, self.prefill_length)
         if self.step is None:
             return model_step
         self.step.follow(self.lm.variables)  # once per call: the weights may have changed
         return _prefill_eagerly_then(model_step, self.step)
 
 
-def _model_step(lm, every_position):
+def _model_step(lm, prompt_lengths=None, prefill_length=None):
     """`lm.next_token_logits`, with the last position's logits only (`logits_to_keep=1`,
     as transformers' `generate` asks of its prefill) unless the loop reads every position
-    of the prefill (a right-padded prompt prefilled whole: each row's own last). The head
+    of the prefill (a right-padded prompt, `prompt_lengths`, prefilled whole, with no
+    `prefill_length`: each row's own last). The head
     over the prompt's other positions is skipped: `benchmarks.models --batch 8` on PyTorch
     (P=512, V=4096) computed a (8, 512, 4096) product there and kept one row of it."""
-    if every_position:
+    if prompt_lengths is not None and prefill_length is None:
         return lm.next_token_logits
     return functools.partial(lm.next_token_logits, logits_to_keep=1)
 
@@ -367,9 +367,8 @@ def _generate_rows(lm, prompt_ids, max_length, layout, lengths, *, end_token_id,
     if (keras.backend.backend() == "numpy" or prompt is None
             or (sampled and not isinstance(seed, numbers.Integral))):
         caches = _empty_caches(lm, batch, max_length)
-        every_position = padded.get("prompt_lengths") is not None and \
-            padded.get("prefill_length") is None
-        return generate_tokens(_model_step(lm, every_position), prompt_ids, max_length, caches,
+        next_token_fn = _model_step(lm, padded.get("prompt_lengths"), padded.get("prefill_length"))
+        return generate_tokens(next_token_fn, prompt_ids, max_length, caches,
                                end_token_id=end_token_id, temperature=temperature,
                                top_k=top_k, seed=seed, top_p=top_p,
                                recompute_cache_at=cache_recompute_lengths(lm), **padded)
@@ -404,7 +403,7 @@ def _stream(lm, prompt_ids, max_length, step, *, streamer, **options):
     `streamer`); on PyTorch the decoding steps are the traced step's where there is one,
     and everything runs without autograd."""
     batch = tuple(prompt_ids.shape)[0]
-    next_token_fn = _model_step(lm, every_position=False)
+    next_token_fn = _model_step(lm)
     if step is not None:
         step.follow(lm.variables)
         next_token_fn = _prefill_eagerly_then(next_token_fn, step)
