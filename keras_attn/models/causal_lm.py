@@ -348,25 +348,13 @@ class CausalLM(keras.Model):
         transformers' Phi-3 generation does (`keras_attn.generation.generate`'s
         `recompute_cache_at`): the tokens are the uncached forward's greedy ones.
 
-        Compilation: with a concrete prompt (arrays, eager tensors), the prefill and the
-        loop run as one function that Keras compiles and keeps per prompt shape and
-        settings, so repeated calls compile once (like keras-hub's `generate`).
-        `jit_compile="auto"` means XLA on JAX and on TensorFlow (also on CPU, unlike
-        `model.compile`'s "auto": a TensorFlow decode step measured 1.34 ms with XLA against
-        4.54 ms with a plain `tf.function`). On PyTorch it means the prefill eagerly and
-        every decoding step replayed from a graph traced once per shape (`torch.fx` then
-        TorchScript, about 1.3 s for benchmarks/models.py's 4-block model; checked against
-        the eager step before use, which it replaces if they disagree): a step of that model
-        took 8.6 ms against 32.4 ms eagerly. `True` on PyTorch uses `torch.compile` (minutes
-        on a CPU); `False` means no XLA and no graph: a plain `tf.function` on TensorFlow,
-        the loop run eagerly on JAX and PyTorch (under `torch.no_grad()` there, as Keras's
-        `predict_on_batch` runs). A traced prompt (inside the caller's `jax.jit` or
-        `tf.function`), or sampling with a `keras.random.SeedGenerator` or without a seed,
-        runs the loop as it is, in the caller's context. An int `seed` samples the same
-        tokens at every call, on every backend. The sampling settings are the kept loop's
-        inputs: a new seed compiles nothing; at most 8 loops are kept (least recently used
-        dropped). A `streamer` runs the steps from Python (PyTorch: the traced step; JAX,
-        TensorFlow: eagerly, slower), the same tokens.
+        Compilation (docs/guides/cache.md, "Compilation"): a concrete prompt's prefill
+        and loop run as one function, compiled once per prompt shape and settings and
+        kept (at most 8, least recently used dropped; the seed, temperature, `top_k` and
+        `top_p` are its inputs). `jit_compile="auto"`: XLA on JAX and TensorFlow (also on
+        CPU), a traced decoding step on PyTorch; `True` on PyTorch: `torch.compile`;
+        `False`: no XLA and no graph. A traced prompt, a `SeedGenerator` or no seed runs
+        the loop in the caller's context; a `streamer` runs the steps from Python.
 
         Padded batches (`padding_mask`; docs/guides/cache.md): each row is
         decoded as if alone (rolled to right padding, fed its own prompt
