@@ -146,9 +146,9 @@ def _model_step(lm, prompt_lengths=None, prefill_length=None):
     """`lm.next_token_logits`, with the last position's logits only (`logits_to_keep=1`,
     as transformers' `generate` asks of its prefill) unless the loop reads every position
     of the prefill (a right-padded prompt, `prompt_lengths`, prefilled whole, with no
-    `prefill_length`: each row's own last). The head
-    over the prompt's other positions is skipped: `benchmarks.models --batch 8` on PyTorch
-    (P=512, V=4096) computed a (8, 512, 4096) product there and kept one row of it."""
+    `prefill_length`: each row's own last). The head over the prompt's other positions is
+    skipped: `benchmarks.models --batch 8` on PyTorch (P=512, V=4096) computed a
+    (8, 512, 4096) product there and kept one row of it."""
     if prompt_lengths is not None and prefill_length is None:
         return lm.next_token_logits
     return functools.partial(lm.next_token_logits, logits_to_keep=1)
